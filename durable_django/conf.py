@@ -1,0 +1,49 @@
+"""The ``DURABLE`` settings dict, with its defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+DEFAULTS: dict[str, Any] = {
+    # Dotted path to a store class, or a store instance.
+    "STORE": "durable_django.stores.OrmStore",
+    # Stamped on every run the default engine creates.
+    "NAMESPACE": "default",
+    # True: the default engine's reads (and so the quota count) see only NAMESPACE.
+    "SCOPE_READS": False,
+    # Celery queue for executing runs; "" uses Celery's default queue.
+    "QUEUE": "",
+    # False: starts create runs but send nothing to Celery (drive them with run_until_idle).
+    "ENQUEUE": True,
+}
+
+
+def durable_settings() -> dict[str, Any]:
+    """``settings.DURABLE`` merged over the defaults; unknown keys are refused."""
+    configured = getattr(settings, "DURABLE", {}) or {}
+    if not isinstance(configured, dict):
+        raise ImproperlyConfigured("settings.DURABLE must be a dict")
+    unknown = set(configured) - set(DEFAULTS)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"unknown key(s) in settings.DURABLE: {sorted(unknown)}; known: {sorted(DEFAULTS)}"
+        )
+    return {**DEFAULTS, **configured}
+
+
+def build_store(value: Any) -> Any:
+    """A store from a dotted path, a class or an instance."""
+    if isinstance(value, str):
+        try:
+            value = import_string(value)
+        except ImportError as error:
+            raise ImproperlyConfigured(
+                f"DURABLE['STORE']: cannot import {value!r}: {error}"
+            ) from error
+    if isinstance(value, type):
+        value = value()
+    return value

@@ -1,0 +1,208 @@
+"""Declaring workflows: the ``@workflow`` decorator and ``BaseWorkflow``."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from .concurrency import ConcurrencyOption
+from .registry import WorkflowDefinition, make_definition
+
+if TYPE_CHECKING:
+    from .engines import Engine, RunHandle
+
+T = TypeVar("T")
+
+
+class Workflow:
+    """A declared workflow. Start it with ``dispatch`` / ``start`` or their async twins."""
+
+    def __init__(self, definition: WorkflowDefinition, engine: Engine | None = None) -> None:
+        self.definition = definition
+        self._engine = engine
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.name} v{self.version}>"
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+    @property
+    def version(self) -> str:
+        return self.definition.version
+
+    @property
+    def engine(self) -> Engine:
+        """The engine this workflow starts on (the default engine unless one was given)."""
+        if self._engine is not None:
+            return self._engine
+        from .engines import default_engine
+
+        return default_engine
+
+    def dispatch(
+        self,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> RunHandle:
+        """Create a run and enqueue it on commit; returns its handle at once."""
+        return self.engine.start(
+            self.definition,
+            input,
+            run_id,
+            concurrency=concurrency,
+            tags=tags,
+            namespace=namespace,
+        )
+
+    async def adispatch(
+        self,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> RunHandle:
+        """``dispatch`` for async views."""
+        return await self.engine.astart(
+            self.definition,
+            input,
+            run_id,
+            concurrency=concurrency,
+            tags=tags,
+            namespace=namespace,
+        )
+
+    def start(
+        self,
+        input: Any = None,
+        *,
+        timeout: float | None = None,
+        run_id: str | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> Any:
+        """Dispatch, wait for the run to settle, and return its output (or raise)."""
+        handle = self.dispatch(
+            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
+        )
+        return handle.result(timeout=timeout)
+
+    async def astart(
+        self,
+        input: Any = None,
+        *,
+        timeout: float | None = None,
+        run_id: str | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> Any:
+        """``start`` for async code."""
+        handle = await self.adispatch(
+            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
+        )
+        return await handle.aresult(timeout=timeout)
+
+
+class BaseWorkflow:
+    """Base class for class-form workflows: implement ``run(self, ctx, input)``.
+
+    Once decorated with ``@workflow``, the class has ``dispatch``, ``start``, ``adispatch``
+    and ``astart`` class methods, and ``durable`` holds its :class:`Workflow`.
+    """
+
+    durable: ClassVar[Workflow]
+
+    def run(self, ctx: Any, input: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement run(self, ctx, input)")
+
+    @classmethod
+    def _declared(cls) -> Workflow:
+        declared = cls.__dict__.get("durable")
+        if declared is None:
+            raise TypeError(f"{cls.__name__} is not declared; decorate it with @workflow(...)")
+        return declared
+
+    @classmethod
+    def dispatch(cls, input: Any = None, **options: Any) -> RunHandle:
+        """See :meth:`Workflow.dispatch`."""
+        return cls._declared().dispatch(input, **options)
+
+    @classmethod
+    async def adispatch(cls, input: Any = None, **options: Any) -> RunHandle:
+        """See :meth:`Workflow.adispatch`."""
+        return await cls._declared().adispatch(input, **options)
+
+    @classmethod
+    def start(cls, input: Any = None, **options: Any) -> Any:
+        """See :meth:`Workflow.start`."""
+        return cls._declared().start(input, **options)
+
+    @classmethod
+    async def astart(cls, input: Any = None, **options: Any) -> Any:
+        """See :meth:`Workflow.astart`."""
+        return await cls._declared().astart(input, **options)
+
+
+def _class_body(cls: type[BaseWorkflow]) -> Callable[[Any, Any], Any]:
+    def body(ctx: Any, input: Any) -> Any:
+        return cls().run(ctx, input)
+
+    body.__durable_source__ = cls  # type: ignore[attr-defined]
+    return body
+
+
+def workflow(
+    name: str | None = None,
+    version: str = "1",
+    *,
+    concurrency: ConcurrencyOption = None,
+    tags: Iterable[str] = (),
+    on_event: Iterable[str] = (),
+    engine: Engine | None = None,
+) -> Callable[[Any], Any]:
+    """Declare a workflow: a ``BaseWorkflow`` subclass or a function ``fn(ctx, input)``.
+
+    ``name`` defaults to the target's dotted path; ``concurrency`` takes a
+    :class:`~durable_django.Concurrency` or a dict with the same keys. A class is returned
+    with its start methods; a function is returned as a :class:`Workflow`.
+    """
+
+    def decorate(target: Any) -> Any:
+        is_class = isinstance(target, type)
+        if is_class and not issubclass(target, BaseWorkflow):
+            raise TypeError(
+                f"@workflow on a class needs a BaseWorkflow subclass; {target.__name__} is not"
+            )
+        if not is_class and not callable(target):
+            raise TypeError(f"@workflow decorates a class or a function, not {target!r}")
+        body = _class_body(target) if is_class else target
+        definition = make_definition(
+            name or f"{target.__module__}.{target.__qualname__}",
+            version,
+            body,
+            concurrency=concurrency,
+            tags=tags,
+            on_event=on_event,
+        )
+        if engine is None:
+            from .engines import default_engine as target_engine
+        else:
+            target_engine = engine
+        declared = Workflow(target_engine.registry.add(definition), engine)
+        if is_class:
+            target.durable = declared
+            return target
+        functools.update_wrapper(declared, target)  # type: ignore[arg-type]
+        return declared
+
+    return decorate

@@ -1,0 +1,396 @@
+"""The engine: starts runs under their quotas, reads them, and executes them.
+
+``durable_django.engine`` is the default engine, configured from ``settings.DURABLE``
+when first used. Build others directly: ``Engine(store=MemoryStore(), namespace="blue")``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from . import concurrency as quotas
+from .conf import build_store, durable_settings
+from .errors import RunFailed, RunNotFound, RunTimeout
+from .registry import (
+    MAX_NAME_LENGTH,
+    Registry,
+    WorkflowBody,
+    WorkflowDefinition,
+    default_registry,
+    make_definition,
+    validate_tags,
+    validate_text,
+)
+from .serialization import json_copy
+from .status import ALL_STATUSES, TERMINAL_STATUSES
+from .stores.base import NewRun, RunRecord, StartOutcome, start_with_primitives
+
+MAX_RUN_ID_LENGTH = 255
+MAX_NAMESPACE_LENGTH = 100
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """An engine's options once resolved against the settings."""
+
+    store: Any
+    namespace: str
+    scope_reads: bool
+    queue: str
+    enqueue: bool
+
+
+class RunHandle:
+    """A started run: its id, its workflow, whether this start created it, and its fate."""
+
+    __slots__ = ("created", "engine", "run_id", "workflow")
+
+    def __init__(self, engine: Engine, run_id: str, workflow: str, created: bool) -> None:
+        self.engine = engine
+        self.run_id = run_id
+        self.workflow = workflow
+        self.created = created
+
+    def __repr__(self) -> str:
+        return f"<RunHandle {self.workflow} {self.run_id} created={self.created}>"
+
+    @property
+    def status(self) -> str:
+        """The run's status, read afresh."""
+        return self.engine.get_run(self.run_id).status
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the run to settle; return its output, or raise :class:`RunFailed`."""
+        return _outcome(self.engine.wait_for_run(self.run_id, timeout=timeout))
+
+    async def aresult(self, timeout: float | None = None) -> Any:
+        """``result`` for async code."""
+        return await sync_to_async(self.result)(timeout)
+
+
+def _outcome(run: RunRecord) -> Any:
+    if run.status == "completed":
+        return run.output
+    raise RunFailed(run.run_id, run.status, run.error)
+
+
+class Engine:
+    """Starts, reads and executes runs through one store.
+
+    Options left as ``None`` are read from ``settings.DURABLE`` on first use.
+    """
+
+    def __init__(
+        self,
+        store: Any = None,
+        *,
+        namespace: str | None = None,
+        scope_reads: bool | None = None,
+        queue: str | None = None,
+        enqueue: bool | None = None,
+        registry: Registry | None = None,
+    ) -> None:
+        self.registry = registry if registry is not None else default_registry
+        self._options = {
+            "STORE": store,
+            "NAMESPACE": namespace,
+            "SCOPE_READS": scope_reads,
+            "QUEUE": queue,
+            "ENQUEUE": enqueue,
+        }
+        self._config: EngineConfig | None = None
+
+    def __repr__(self) -> str:
+        return f"<Engine namespace={self.namespace!r} store={self.store!r}>"
+
+    # configuration ------------------------------------------------------------------
+
+    @property
+    def config(self) -> EngineConfig:
+        """The resolved options (settings are read once, on first use)."""
+        if self._config is None:
+            given = {k: v for k, v in self._options.items() if v is not None}
+            # Read the settings only for what was not given.
+            defaults = durable_settings() if len(given) < len(self._options) else {}
+            merged = {**defaults, **given}
+            self._config = EngineConfig(
+                store=build_store(merged["STORE"]),
+                namespace=validate_text(merged["NAMESPACE"], "namespace", MAX_NAMESPACE_LENGTH),
+                scope_reads=bool(merged["SCOPE_READS"]),
+                queue=merged["QUEUE"] or "",
+                enqueue=bool(merged["ENQUEUE"]),
+            )
+        return self._config
+
+    def reload(self) -> None:
+        """Forget the resolved options; the next use reads the settings again."""
+        self._config = None
+
+    @property
+    def store(self) -> Any:
+        return self.config.store
+
+    @property
+    def namespace(self) -> str:
+        return self.config.namespace
+
+    @property
+    def read_namespace(self) -> str | None:
+        """The namespace reads are fenced to, or ``None`` when they see every namespace."""
+        config = self.config
+        return config.namespace if config.scope_reads else None
+
+    # registration -------------------------------------------------------------------
+
+    def register(
+        self,
+        name: str,
+        version: str,
+        fn: WorkflowBody,
+        *,
+        concurrency: quotas.ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        on_event: Iterable[str] = (),
+    ) -> WorkflowDefinition:
+        """Register ``fn(ctx, input)`` as workflow ``name`` at ``version``."""
+        if not callable(fn):
+            raise TypeError(f"workflow {name!r}: fn must be callable, not {type(fn).__name__}")
+        return self.registry.add(
+            make_definition(
+                name, version, fn, concurrency=concurrency, tags=tags, on_event=on_event
+            )
+        )
+
+    def register_remote(
+        self,
+        name: str,
+        version: str,
+        *,
+        queue: str,
+        concurrency: quotas.ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        on_event: Iterable[str] = (),
+    ) -> WorkflowDefinition:
+        """Register a workflow whose code runs in another deployment serving ``queue``.
+
+        This engine creates and quota-checks its runs and routes them to ``queue``; it
+        never executes them itself.
+        """
+        return self.registry.add(
+            make_definition(
+                name,
+                version,
+                None,
+                queue=queue,
+                remote=True,
+                concurrency=concurrency,
+                tags=tags,
+                on_event=on_event,
+            )
+        )
+
+    def definition(self, workflow: Any) -> WorkflowDefinition:
+        """The definition to start for a name, a declared workflow or a definition."""
+        if isinstance(workflow, WorkflowDefinition):
+            return workflow
+        declared = getattr(workflow, "definition", None)
+        if isinstance(declared, WorkflowDefinition):
+            return declared
+        return self.registry.latest(validate_text(workflow, "workflow name", MAX_NAME_LENGTH))
+
+    # starting -----------------------------------------------------------------------
+
+    def start(
+        self,
+        workflow: Any,
+        input: Any = None,
+        run_id: str | None = None,
+        *,
+        concurrency: quotas.ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> RunHandle:
+        """Create a run and enqueue its execution once the transaction commits.
+
+        ``run_id`` is an idempotency key: re-starting it returns the existing run
+        (``handle.created`` is False) and is never refused. ``concurrency`` replaces the
+        workflow's quota for this start. Raises :class:`ConcurrencyLimitError` when the
+        quota is full; then nothing is created and nothing is sent.
+        """
+        definition = self.definition(workflow)
+        input = json_copy(input, f"the input of workflow {definition.name!r}")
+        option = quotas.for_start(concurrency) if concurrency is not None else None
+        quota = quotas.resolve(option or definition.concurrency, input, definition.name)
+        return self._start(definition, input, quota, run_id, tags, namespace)
+
+    async def astart(
+        self,
+        workflow: Any,
+        input: Any = None,
+        run_id: str | None = None,
+        *,
+        concurrency: quotas.ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> RunHandle:
+        """``start`` for async code; an async limit function is awaited on the loop."""
+        definition = self.definition(workflow)
+        input = json_copy(input, f"the input of workflow {definition.name!r}")
+        option = quotas.for_start(concurrency) if concurrency is not None else None
+        quota = await quotas.aresolve(option or definition.concurrency, input, definition.name)
+        return await sync_to_async(self._start)(definition, input, quota, run_id, tags, namespace)
+
+    def _start(
+        self,
+        definition: WorkflowDefinition,
+        input: Any,
+        quota: quotas.Quota | None,
+        run_id: str | None,
+        tags: Iterable[str],
+        namespace: str | None,
+        *,
+        parent_id: str | None = None,
+        attempt: int = 1,
+    ) -> RunHandle:
+        config = self.config
+        explicit_id = run_id is not None
+        if explicit_id:
+            validate_text(run_id, "run_id", MAX_RUN_ID_LENGTH)
+        else:
+            run_id = uuid.uuid4().hex
+        all_tags = (*definition.tags, *validate_tags(tags), *((quota.tag,) if quota else ()))
+        queue = definition.queue if definition.remote else config.queue
+        run = NewRun(
+            run_id=run_id,
+            workflow=definition.name,
+            version=definition.version,
+            namespace=(
+                validate_text(namespace, "namespace", MAX_NAMESPACE_LENGTH)
+                if namespace is not None
+                else config.namespace
+            ),
+            input=input,
+            tags=tuple(dict.fromkeys(all_tags)),
+            queue=queue,
+            parent_id=parent_id,
+            attempt=attempt,
+        )
+        outcome = self._store_start(run, quota, explicit_id)
+        if outcome.created and config.enqueue and config.store.is_shared:
+            config.store.on_commit(lambda: send_run(run_id, queue))
+        return RunHandle(self, run_id, outcome.workflow, outcome.created)
+
+    def _store_start(
+        self, run: NewRun, quota: quotas.Quota | None, check_existing: bool
+    ) -> StartOutcome:
+        store = self.store
+        start_run = getattr(store, "start_run", None)
+        if start_run is not None:
+            return start_run(
+                run, quota, check_existing=check_existing, read_namespace=self.read_namespace
+            )
+        return start_with_primitives(
+            store, run, quota, check_existing=check_existing, read_namespace=self.read_namespace
+        )
+
+    # reading ------------------------------------------------------------------------
+
+    def get_run(self, run_id: str) -> RunRecord:
+        """The run with this id, or :class:`RunNotFound`."""
+        run = self.store.get_run(run_id)
+        read_namespace = self.read_namespace
+        if run is None or (read_namespace is not None and run.namespace != read_namespace):
+            raise RunNotFound(run_id)
+        return run
+
+    def _read_namespace_for(self, namespace: str | None) -> str | None:
+        read_namespace = self.read_namespace
+        if read_namespace is None:
+            return namespace
+        if namespace is not None and namespace != read_namespace:
+            raise ValueError(
+                f"this engine reads only namespace {read_namespace!r}, not {namespace!r}"
+            )
+        return read_namespace
+
+    def list_runs(
+        self,
+        *,
+        tag: str | None = None,
+        statuses: Collection[str] | None = None,
+        workflow: str | None = None,
+        namespace: str | None = None,
+        limit: int | None = None,
+    ) -> list[RunRecord]:
+        """Runs matching every filter given, newest first."""
+        return self.store.list_runs(
+            tag=tag,
+            statuses=_check_statuses(statuses),
+            workflow=workflow,
+            namespace=self._read_namespace_for(namespace),
+            limit=limit,
+        )
+
+    def count_runs(
+        self,
+        *,
+        tag: str | None = None,
+        statuses: Collection[str] | None = None,
+        namespace: str | None = None,
+    ) -> int:
+        """How many runs match; the same count the quota makes for ``tag``."""
+        statuses = _check_statuses(statuses)
+        namespace = self._read_namespace_for(namespace)
+        count_runs = getattr(self.store, "count_runs", None)
+        if count_runs is not None:
+            return count_runs(tag=tag, statuses=statuses, namespace=namespace)
+        return len(self.store.list_runs(tag=tag, statuses=statuses, namespace=namespace))
+
+    def wait_for_run(self, run_id: str, timeout: float | None = None) -> RunRecord:
+        """Poll until the run is completed, failed or cancelled; :class:`RunTimeout` if not."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            run = self.get_run(run_id)
+            if run.status in TERMINAL_STATUSES:
+                return run
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RunTimeout(f"run {run_id!r} is still {run.status} after {timeout}s")
+            time.sleep(delay if deadline is None else min(delay, deadline - time.monotonic()))
+            delay = min(delay * 2, 0.25)
+
+    # executing ----------------------------------------------------------------------
+
+    def execute(self, run_id: str) -> bool:
+        """Execute one turn of the run if it is waiting for a worker; True if it did."""
+        from .execution import execute_run
+
+        return execute_run(self, run_id)
+
+
+def _check_statuses(statuses: Collection[str] | None) -> list[str] | None:
+    if statuses is None:
+        return None
+    if isinstance(statuses, str):
+        statuses = [statuses]
+    unknown = [s for s in statuses if s not in ALL_STATUSES]
+    if unknown:
+        raise ValueError(f"unknown status(es) {unknown}; known: {sorted(ALL_STATUSES)}")
+    return list(statuses)
+
+
+def send_run(run_id: str, queue: str) -> None:
+    """Send the Celery message that makes a worker execute ``run_id`` (JSON, never pickle)."""
+    from .tasks import execute_run
+
+    execute_run.apply_async((run_id,), queue=queue or None, serializer="json")
+
+
+#: The default engine, configured from ``settings.DURABLE`` on first use.
+default_engine = Engine()

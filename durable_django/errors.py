@@ -1,0 +1,69 @@
+"""The errors durable_django raises; all derive from :class:`DurableError`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DurableError(Exception):
+    """Base class of every error durable_django raises on purpose."""
+
+
+class ConcurrencyLimitError(DurableError):
+    """A start was refused because its quota key already holds ``limit`` active runs.
+
+    Nothing was created: no run row, no tag row, no message.
+    """
+
+    def __init__(self, workflow: str, key: str, limit: int, active: int) -> None:
+        self.workflow = workflow
+        self.key = key
+        self.limit = limit
+        self.active = active
+        super().__init__(
+            f"workflow {workflow!r} refused: concurrency key {key!r} has "
+            f"{active} active run(s), limit is {limit}"
+        )
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.workflow, self.key, self.limit, self.active))
+
+
+class ChildWorkflowError(DurableError):
+    """A child run failed, or its start was refused; ``cause`` holds the reason."""
+
+    def __init__(self, message: str, *, child_id: str | None = None, cause: Any = None) -> None:
+        self.child_id = child_id
+        self.cause = cause
+        super().__init__(message)
+
+
+class RunNotFound(DurableError, LookupError):
+    """No run has the given id (in the namespace this engine may read)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run with id {run_id!r}")
+
+
+class WorkflowNotFound(DurableError, LookupError):
+    """No workflow is registered under the given name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no workflow registered under the name {name!r}")
+
+
+class RunFailed(DurableError):
+    """Raised by ``RunHandle.result()`` when the run ended failed or cancelled."""
+
+    def __init__(self, run_id: str, status: str, error: Any) -> None:
+        self.run_id = run_id
+        self.status = status
+        self.error = error
+        detail = error.get("message") if isinstance(error, dict) else error
+        super().__init__(f"run {run_id!r} ended {status}: {detail}")
+
+
+class RunTimeout(DurableError, TimeoutError):
+    """A wait for a run to settle ran out of time; the run goes on."""

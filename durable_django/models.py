@@ -1,0 +1,153 @@
+"""The tables behind the ORM store: runs, their tags, their recorded steps, quota locks."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from .status import RunStatus
+
+
+class RunQuerySet(models.QuerySet["Run"]):
+    """Domain filters on runs."""
+
+    def active(self) -> RunQuerySet:
+        """Runs not yet completed, failed or cancelled."""
+        return self.exclude(status__in=RunStatus.terminal_values())
+
+    def tagged(self, tag: str) -> RunQuerySet:
+        """Runs carrying ``tag``."""
+        return self.filter(tag_rows__tag=tag)
+
+
+class Run(models.Model):
+    """One execution of a workflow, from its start to its end."""
+
+    id = models.CharField(primary_key=True, max_length=255, verbose_name="run id")
+    workflow = models.CharField(max_length=200, help_text="The workflow's registered name.")
+    version = models.CharField(max_length=64, help_text="The workflow version that started it.")
+    namespace = models.CharField(max_length=100, default="default")
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
+    queue = models.CharField(
+        max_length=200, blank=True, default="", help_text="Celery queue; empty for the default."
+    )
+    input = models.JSONField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    # NULL, not "", for a run without a parent: it is a reference, not text.
+    parent_id = models.CharField(  # noqa: DJ001
+        max_length=255, null=True, blank=True, db_index=True
+    )
+    blocked_reason = models.TextField(blank=True, default="")
+    attempt = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        db_table = "durable_run"
+        verbose_name = "run"
+        verbose_name_plural = "runs"
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["status", "created_at"], name="durable_run_status_idx"),
+            models.Index(fields=["workflow", "status"], name="durable_run_workflow_idx"),
+            models.Index(fields=["namespace", "status"], name="durable_run_namespace_idx"),
+            models.Index(fields=["created_at"], name="durable_run_created_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=RunStatus.values), name="durable_run_status_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow} {self.id} ({self.status})"
+
+
+class RunTagQuerySet(models.QuerySet["RunTag"]):
+    """Domain filters on tag rows."""
+
+    def count_runs(
+        self, *, tag: str, statuses: list[str] | tuple[str, ...], namespace: str | None = None
+    ) -> int:
+        """How many runs carry ``tag`` with one of ``statuses``: one indexed ``COUNT(*)``.
+
+        It reads the tag rows alone, whose copy of the run's status and namespace is kept in
+        step with the run, so its cost does not grow with the key's finished history.
+        """
+        rows = self.filter(tag=tag, status__in=statuses)
+        if namespace is not None:
+            rows = rows.filter(namespace=namespace)
+        return rows.count()
+
+
+class RunTag(models.Model):
+    """A tag on a run, with a copy of the run's status and namespace for indexed counts."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tag_rows")
+    tag = models.CharField(max_length=255)
+    status = models.CharField(
+        max_length=16,
+        choices=RunStatus.choices,
+        help_text="Copy of the run's status, changed in the same transaction.",
+    )
+    namespace = models.CharField(max_length=100, help_text="Copy of the run's namespace.")
+
+    objects = RunTagQuerySet.as_manager()
+
+    class Meta:
+        db_table = "durable_run_tag"
+        verbose_name = "run tag"
+        verbose_name_plural = "run tags"
+        constraints = [
+            models.UniqueConstraint(fields=["run", "tag"], name="durable_run_tag_unique"),
+        ]
+        indexes = [
+            models.Index(fields=["tag", "status", "namespace"], name="durable_tag_count_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.tag
+
+
+class Step(models.Model):
+    """A recorded ``ctx.step``: its position in the body, its name and its outcome."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    position = models.PositiveIntegerField()
+    name = models.CharField(max_length=200)
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "durable_step"
+        verbose_name = "step"
+        verbose_name_plural = "steps"
+        ordering = ["run", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "position"], name="durable_step_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.position}: {self.name}"
+
+
+class QuotaLock(models.Model):
+    """One row per quota key, locked by an upsert to serialise starts of that key."""
+
+    key = models.CharField(primary_key=True, max_length=255)
+    last_start_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "durable_quota_lock"
+        verbose_name = "quota lock"
+        verbose_name_plural = "quota locks"
+
+    def __str__(self) -> str:
+        return self.key

@@ -1,0 +1,178 @@
+"""Workflow definitions and the registry that holds them by name and version."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .concurrency import TAG_PREFIX, Concurrency, ConcurrencyOption, for_workflow
+from .errors import WorkflowNotFound
+
+WorkflowBody = Callable[[Any, Any], Any]
+
+MAX_NAME_LENGTH = 200
+MAX_VERSION_LENGTH = 64
+MAX_TAG_LENGTH = 255
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowDefinition:
+    """Everything declared about one version of a workflow."""
+
+    name: str
+    version: str
+    body: WorkflowBody | None
+    queue: str = ""
+    remote: bool = False
+    concurrency: Concurrency | None = None
+    tags: tuple[str, ...] = ()
+    on_event: tuple[str, ...] = ()
+
+    @property
+    def body_path(self) -> str:
+        """Where the body is defined, to tell a re-import from a different body."""
+        body = getattr(self.body, "__durable_source__", self.body)
+        return f"{getattr(body, '__module__', '?')}.{getattr(body, '__qualname__', repr(body))}"
+
+
+def validate_text(value: object, what: str, max_length: int) -> str:
+    """``value`` if it is a non-empty str of at most ``max_length`` characters."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__} {value!r}")
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    if len(value) > max_length:
+        raise ValueError(f"{what} is {len(value)} characters long; at most {max_length} allowed")
+    return value
+
+
+def validate_tags(tags: Iterable[str]) -> tuple[str, ...]:
+    """Check user tags: strings, not too long, and not in the quota's reserved prefix."""
+    if isinstance(tags, str):
+        raise TypeError(f"tags must be a list of str, not the str {tags!r}")
+    checked = tuple(validate_text(tag, "a tag", MAX_TAG_LENGTH) for tag in tags)
+    reserved = [tag for tag in checked if tag.startswith(TAG_PREFIX)]
+    if reserved:
+        raise ValueError(
+            f"tags starting with {TAG_PREFIX!r} are reserved for quotas: {reserved}; "
+            f"use the concurrency option instead"
+        )
+    return checked
+
+
+def make_definition(
+    name: str,
+    version: str,
+    body: WorkflowBody | None,
+    *,
+    queue: str = "",
+    remote: bool = False,
+    concurrency: ConcurrencyOption = None,
+    tags: Iterable[str] = (),
+    on_event: Iterable[str] = (),
+) -> WorkflowDefinition:
+    """Build a definition, refusing bad options with a clear error."""
+    validate_text(name, "workflow name", MAX_NAME_LENGTH)
+    validate_text(version, "workflow version", MAX_VERSION_LENGTH)
+    if body is not None and not callable(body):
+        raise TypeError(f"workflow {name!r}: the body must be callable, not {type(body).__name__}")
+    if remote:
+        validate_text(queue, f"workflow {name!r}: queue", MAX_NAME_LENGTH)
+    if isinstance(on_event, str):
+        raise TypeError(f"workflow {name!r}: on_event must be a list of event names")
+    return WorkflowDefinition(
+        name=name,
+        version=version,
+        body=body,
+        queue=queue,
+        remote=remote,
+        concurrency=for_workflow(concurrency, name),
+        tags=validate_tags(tags),
+        on_event=tuple(validate_text(e, "an event name", MAX_NAME_LENGTH) for e in on_event),
+    )
+
+
+class Registry:
+    """Workflow definitions by name; each name may hold several versions.
+
+    Starting a workflow by name uses the version registered last; executing a run uses
+    the exact version the run was started with.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._versions: dict[str, dict[str, WorkflowDefinition]] = {}
+        self._latest: dict[str, WorkflowDefinition] = {}
+
+    def add(self, definition: WorkflowDefinition) -> WorkflowDefinition:
+        """Register ``definition``; registering the same one again is a no-op."""
+        with self._lock:
+            versions = self._versions.setdefault(definition.name, {})
+            known = versions.get(definition.version)
+            if known is not None:
+                if _same_registration(known, definition):
+                    return known
+                raise ValueError(
+                    f"workflow {definition.name!r} version {definition.version!r} is already "
+                    f"registered with a different body or options ({known.body_path}); "
+                    f"register the new body under a new version"
+                )
+            versions[definition.version] = definition
+            self._latest[definition.name] = definition
+            return definition
+
+    def latest(self, name: str) -> WorkflowDefinition:
+        """The version of ``name`` to start, or :class:`WorkflowNotFound`."""
+        try:
+            return self._latest[name]
+        except KeyError:
+            raise WorkflowNotFound(name) from None
+
+    def get(self, name: str, version: str) -> WorkflowDefinition | None:
+        """The exact version, or ``None`` when this process does not have it."""
+        return self._versions.get(name, {}).get(version)
+
+    def all(self) -> list[WorkflowDefinition]:
+        """Every registered definition, every version."""
+        with self._lock:
+            return [d for versions in self._versions.values() for d in versions.values()]
+
+    def remove(self, name: str) -> None:
+        """Forget every version of ``name`` (for tests)."""
+        with self._lock:
+            self._versions.pop(name, None)
+            self._latest.pop(name, None)
+
+
+def _same_registration(a: WorkflowDefinition, b: WorkflowDefinition) -> bool:
+    return (
+        a.body_path == b.body_path
+        and a.remote == b.remote
+        and a.queue == b.queue
+        and a.tags == b.tags
+        and a.on_event == b.on_event
+        and _same_concurrency(a.concurrency, b.concurrency)
+    )
+
+
+def _same_concurrency(a: Concurrency | None, b: Concurrency | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.count_statuses == b.count_statuses and all(
+        _same_callable(x, y) for x, y in ((a.key, b.key), (a.limit, b.limit))
+    )
+
+
+def _same_callable(a: Any, b: Any) -> bool:
+    if callable(a) and callable(b):
+        return (getattr(a, "__module__", None), getattr(a, "__qualname__", None)) == (
+            getattr(b, "__module__", None),
+            getattr(b, "__qualname__", None),
+        )
+    return bool(a == b)
+
+
+#: The registry shared by every engine that is not given its own.
+default_registry = Registry()

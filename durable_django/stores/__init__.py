@@ -1,0 +1,16 @@
+"""Stores: where runs live. ``OrmStore`` is the default; ``MemoryStore`` is for tests."""
+
+from .base import NewRun, RunRecord, StartOutcome, StepRecord, Store
+from .memory import MemoryStore
+
+
+def __getattr__(name: str) -> object:
+    # OrmStore imports the models, which need the app registry: load it on first use.
+    if name == "OrmStore":
+        from .orm import OrmStore
+
+        return OrmStore
+    raise AttributeError(name)
+
+
+__all__ = ["MemoryStore", "NewRun", "OrmStore", "RunRecord", "StartOutcome", "StepRecord", "Store"]

@@ -1,0 +1,274 @@
+"""The default store: runs in the project's database, through the Django ORM.
+
+Starts take one of two paths:
+
+- on PostgreSQL, one call of the ``durable_start_run`` function (installed by the
+  migrations): advisory lock on the key, existing-run check, count and inserts in a single
+  round trip;
+- elsewhere (SQLite, MySQL/MariaDB), the portable path: an upsert of the key's
+  ``QuotaLock`` row (which takes the row's write lock, or SQLite's database write lock),
+  then the existing-run check, the count and the inserts, all in one transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Collection, Iterator
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import IntegrityError, connections, transaction
+from django.utils import timezone
+
+from ..concurrency import Quota
+from ..errors import ConcurrencyLimitError
+from ..models import QuotaLock, Run, RunTag, Step
+from ..status import RunStatus
+from .base import (
+    NewRun,
+    RunRecord,
+    StartOutcome,
+    StepRecord,
+    existing_outcome,
+    start_with_primitives,
+)
+
+_START_SQL = (
+    "SELECT outcome, active, found_workflow, found_namespace FROM durable_start_run("
+    "%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s, %s, %s, %s::text[], %s, %s)"
+)
+
+
+class OrmStore:
+    """Keeps runs in the database ``using`` (default ``"default"``) through the ORM.
+
+    ``fast_path=False`` makes PostgreSQL take the portable path too.
+    """
+
+    is_shared = True
+
+    def __init__(self, using: str = "default", *, fast_path: bool = True) -> None:
+        self.using = using
+        self.fast_path = fast_path
+
+    def __repr__(self) -> str:
+        return f"OrmStore(using={self.using!r})"
+
+    # transactions -------------------------------------------------------------------
+
+    def atomic(self) -> contextlib.AbstractContextManager[Any]:
+        return transaction.atomic(using=self.using)
+
+    def on_commit(self, callback: Callable[[], None]) -> None:
+        transaction.on_commit(callback, using=self.using)
+
+    @contextlib.contextmanager
+    def quota_lock(self, key: str) -> Iterator[None]:
+        """One transaction holding the key's lock row until it ends."""
+        with transaction.atomic(using=self.using):
+            features = connections[self.using].features
+            QuotaLock.objects.using(self.using).bulk_create(
+                [QuotaLock(key=key, last_start_at=timezone.now())],
+                update_conflicts=True,
+                update_fields=["last_start_at"],
+                unique_fields=(["key"] if features.supports_update_conflicts_with_target else None),
+            )
+            yield
+
+    # starting -----------------------------------------------------------------------
+
+    def start_run(
+        self,
+        run: NewRun,
+        quota: Quota | None,
+        *,
+        check_existing: bool,
+        read_namespace: str | None,
+    ) -> StartOutcome:
+        """Existing-run check, quota check and insert, as one transaction."""
+        if self.fast_path and connections[self.using].vendor == "postgresql":
+            return self._start_on_postgresql(run, quota, check_existing, read_namespace)
+        try:
+            return start_with_primitives(
+                self, run, quota, check_existing=check_existing, read_namespace=read_namespace
+            )
+        except IntegrityError:
+            # A concurrent start without a quota lock inserted the same run id first.
+            existing = self.get_run(run.run_id) if check_existing else None
+            if existing is None:
+                raise
+            return existing_outcome(existing, run, read_namespace)
+
+    def _start_on_postgresql(
+        self, run: NewRun, quota: Quota | None, check_existing: bool, read_namespace: str | None
+    ) -> StartOutcome:
+        params = [
+            run.run_id,
+            check_existing,
+            run.workflow,
+            run.version,
+            run.namespace,
+            json.dumps(run.input, cls=DjangoJSONEncoder),
+            list(run.tags),
+            run.queue,
+            run.parent_id,
+            run.attempt,
+            quota.key if quota else None,
+            list(quota.count_statuses) if quota else None,
+            quota.limit if quota else None,
+            read_namespace,
+        ]
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(_START_SQL, params)
+            outcome, active, workflow, namespace = cursor.fetchone()
+        if outcome == "refused":
+            assert quota is not None
+            raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, active)
+        if outcome == "exists":
+            found = RunRecord(
+                run_id=run.run_id,
+                workflow=workflow,
+                version="",
+                namespace=namespace,
+                status="",
+                input=None,
+            )
+            return existing_outcome(found, run, read_namespace)
+        return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+
+    # runs ---------------------------------------------------------------------------
+
+    def _runs(self) -> Any:
+        return Run.objects.using(self.using)
+
+    def create_run(self, run: NewRun) -> None:
+        now = timezone.now()
+        with transaction.atomic(using=self.using):
+            self._runs().create(
+                id=run.run_id,
+                workflow=run.workflow,
+                version=run.version,
+                namespace=run.namespace,
+                status=RunStatus.PENDING,
+                queue=run.queue,
+                input=run.input,
+                parent_id=run.parent_id,
+                attempt=run.attempt,
+                created_at=now,
+                updated_at=now,
+            )
+            if run.tags:
+                RunTag.objects.using(self.using).bulk_create(
+                    RunTag(
+                        run_id=run.run_id,
+                        tag=tag,
+                        status=RunStatus.PENDING,
+                        namespace=run.namespace,
+                    )
+                    for tag in run.tags
+                )
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        row = self._runs().filter(pk=run_id).prefetch_related("tag_rows").first()
+        return _record(row) if row is not None else None
+
+    def list_runs(
+        self,
+        *,
+        tag: str | None = None,
+        statuses: Collection[str] | None = None,
+        workflow: str | None = None,
+        namespace: str | None = None,
+        limit: int | None = None,
+    ) -> list[RunRecord]:
+        rows = self._runs().prefetch_related("tag_rows").order_by("-created_at", "-pk")
+        if tag is not None:
+            rows = rows.tagged(tag)
+        if statuses is not None:
+            rows = rows.filter(status__in=list(statuses))
+        if workflow is not None:
+            rows = rows.filter(workflow=workflow)
+        if namespace is not None:
+            rows = rows.filter(namespace=namespace)
+        if limit is not None:
+            rows = rows[:limit]
+        return [_record(row) for row in rows]
+
+    def count_runs(
+        self,
+        *,
+        tag: str | None = None,
+        statuses: Collection[str] | None = None,
+        namespace: str | None = None,
+    ) -> int:
+        if tag is not None:
+            return RunTag.objects.using(self.using).count_runs(
+                tag=tag,
+                statuses=list(statuses) if statuses is not None else RunStatus.values,
+                namespace=namespace,
+            )
+        rows = self._runs()
+        if statuses is not None:
+            rows = rows.filter(status__in=list(statuses))
+        if namespace is not None:
+            rows = rows.filter(namespace=namespace)
+        return rows.count()
+
+    def claim_run(self, run_id: str, from_statuses: Collection[str]) -> RunRecord | None:
+        now = timezone.now()
+        with transaction.atomic(using=self.using):
+            claimed = (
+                self._runs()
+                .filter(pk=run_id, status__in=list(from_statuses))
+                .update(status=RunStatus.RUNNING, started_at=now, updated_at=now)
+            )
+            if not claimed:
+                return None
+            RunTag.objects.using(self.using).filter(run_id=run_id).update(status=RunStatus.RUNNING)
+        return self.get_run(run_id)
+
+    def set_status(self, run_id: str, status: str, **fields: Any) -> None:
+        with transaction.atomic(using=self.using):
+            self._runs().filter(pk=run_id).update(
+                status=status, updated_at=timezone.now(), **fields
+            )
+            RunTag.objects.using(self.using).filter(run_id=run_id).update(status=status)
+
+    def get_steps(self, run_id: str) -> list[StepRecord]:
+        rows = Step.objects.using(self.using).filter(run_id=run_id).order_by("position")
+        return [
+            StepRecord(position=s.position, name=s.name, result=s.result, error=s.error)
+            for s in rows
+        ]
+
+    def record_step(self, run_id: str, step: StepRecord) -> None:
+        Step.objects.using(self.using).create(
+            run_id=run_id,
+            position=step.position,
+            name=step.name,
+            result=step.result,
+            error=step.error,
+        )
+
+
+def _record(row: Run) -> RunRecord:
+    return RunRecord(
+        run_id=row.pk,
+        workflow=row.workflow,
+        version=row.version,
+        namespace=row.namespace,
+        status=row.status,
+        input=row.input,
+        output=row.output,
+        error=row.error,
+        tags=sorted(t.tag for t in row.tag_rows.all()),
+        queue=row.queue,
+        parent_id=row.parent_id,
+        blocked_reason=row.blocked_reason,
+        attempt=row.attempt,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )

@@ -1,0 +1,68 @@
+"""Settings for the test suite. ``DURABLE_TEST_DB`` picks the database:
+``sqlite`` (default), ``postgres`` or ``mariadb``."""
+
+import os
+import tempfile
+
+DB = os.environ.get("DURABLE_TEST_DB", "sqlite")
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "durable_django",
+    "tests.testapp",
+]
+
+if DB == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ.get("DURABLE_PG_NAME", "durable"),
+            "USER": os.environ.get("DURABLE_PG_USER", "postgres"),
+            "HOST": os.environ.get("DURABLE_PG_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("DURABLE_PG_PORT", "5432"),
+        }
+    }
+elif DB == "mariadb":
+    import pymysql
+
+    pymysql.install_as_MySQLdb()
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": os.environ.get("DURABLE_MYSQL_NAME", "durable"),
+            "USER": os.environ.get("DURABLE_MYSQL_USER", "root"),
+            "HOST": os.environ.get("DURABLE_MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("DURABLE_MYSQL_PORT", "3306"),
+            "OPTIONS": {"charset": "utf8mb4"},
+            "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"},
+        }
+    }
+elif DB == "sqlite":
+    # A file, not memory: worker processes started by the tests must see the same database.
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.path.join(tempfile.gettempdir(), "durable_tests.sqlite3"),
+            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30},
+            "TEST": {
+                "NAME": os.path.join(tempfile.gettempdir(), f"durable_tests_{os.getpid()}.sqlite3")
+            },
+        }
+    }
+else:
+    raise RuntimeError(f"unknown DURABLE_TEST_DB {DB!r}: use sqlite, postgres or mariadb")
+
+CELERY_BROKER_URL = os.environ.get("DURABLE_TEST_BROKER", "redis://127.0.0.1:6379/15")
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+
+# Most tests drive runs in-process; the worker tests turn sending on.
+DURABLE = {"ENQUEUE": False}
