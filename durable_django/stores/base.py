@@ -141,18 +141,22 @@ def _quota_lock(store: Any, key: str) -> AbstractContextManager[Any]:
     return lock(key) if lock is not None else store.atomic()
 
 
-def existing_outcome(existing: RunRecord, run: NewRun, read_namespace: str | None) -> StartOutcome:
-    """The outcome of re-starting ``run.run_id`` when ``existing`` already holds it."""
-    if read_namespace is not None and existing.namespace != read_namespace:
+def existing_outcome(
+    run: NewRun, workflow: str, namespace: str, read_namespace: str | None
+) -> StartOutcome:
+    """Re-starting ``run.run_id``, already held by a run of ``workflow`` in ``namespace``.
+
+    The same workflow in a namespace this engine may read gets that run back; anything
+    else is a clash of ids, refused.
+    """
+    if read_namespace is not None and namespace != read_namespace:
+        raise DurableError(f"run id {run.run_id!r} is taken by a run in namespace {namespace!r}")
+    if workflow != run.workflow:
         raise DurableError(
-            f"run id {run.run_id!r} is taken by a run in namespace {existing.namespace!r}"
-        )
-    if existing.workflow != run.workflow:
-        raise DurableError(
-            f"run id {run.run_id!r} is taken by a run of workflow {existing.workflow!r}, "
+            f"run id {run.run_id!r} is taken by a run of workflow {workflow!r}, "
             f"not {run.workflow!r}"
         )
-    return StartOutcome(created=False, workflow=existing.workflow, namespace=existing.namespace)
+    return StartOutcome(created=False, workflow=workflow, namespace=namespace)
 
 
 def start_with_primitives(
@@ -173,7 +177,7 @@ def start_with_primitives(
         if check_existing:
             existing = store.get_run(run.run_id)
             if existing is not None:
-                return existing_outcome(existing, run, read_namespace)
+                return existing_outcome(run, existing.workflow, existing.namespace, read_namespace)
         if quota is not None:
             active = count_active(store, quota.tag, quota.count_statuses, read_namespace)
             if active >= quota.limit:

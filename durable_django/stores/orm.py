@@ -98,7 +98,7 @@ class OrmStore:
             existing = self.get_run(run.run_id) if check_existing else None
             if existing is None:
                 raise
-            return existing_outcome(existing, run, read_namespace)
+            return existing_outcome(run, existing.workflow, existing.namespace, read_namespace)
 
     def _start_on_postgresql(
         self, run: NewRun, quota: Quota | None, check_existing: bool, read_namespace: str | None
@@ -126,15 +126,7 @@ class OrmStore:
             assert quota is not None
             raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, active)
         if outcome == "exists":
-            found = RunRecord(
-                run_id=run.run_id,
-                workflow=workflow,
-                version="",
-                namespace=namespace,
-                status="",
-                input=None,
-            )
-            return existing_outcome(found, run, read_namespace)
+            return existing_outcome(run, workflow, namespace, read_namespace)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
 
     # runs ---------------------------------------------------------------------------
