@@ -51,7 +51,7 @@ class MemoryStore:
                 namespace=run.namespace,
                 status=RunStatus.PENDING.value,
                 input=run.input,
-                tags=list(run.tags),
+                tags=sorted(run.tags),
                 queue=run.queue,
                 parent_id=run.parent_id,
                 attempt=run.attempt,

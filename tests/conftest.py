@@ -1,0 +1,39 @@
+"""Fixtures: engines on each store, each with a registry of its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from durable_django import Engine
+from durable_django.registry import Registry
+from durable_django.stores import MemoryStore, OrmStore
+
+
+@pytest.fixture
+def registry() -> Registry:
+    return Registry()
+
+
+@pytest.fixture
+def memory_engine(registry: Registry) -> Engine:
+    return Engine(store=MemoryStore(), registry=registry, enqueue=False)
+
+
+@pytest.fixture
+def orm_engine(registry: Registry, db: None) -> Engine:
+    return Engine(store=OrmStore(), registry=registry, enqueue=False)
+
+
+@pytest.fixture(params=["orm", "memory"])
+def engine(request: pytest.FixtureRequest, registry: Registry) -> Engine:
+    """An engine on the ORM store (the test database) and on the memory store."""
+    if request.param == "orm":
+        request.getfixturevalue("db")
+        store = OrmStore()
+    else:
+        store = MemoryStore()
+    return Engine(store=store, registry=registry, enqueue=False)
+
+
+def echo(ctx, input):
+    return {"echo": input}
