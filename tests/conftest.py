@@ -25,13 +25,9 @@ def orm_engine(registry: Registry, db: None) -> Engine:
 
 
 @pytest.fixture(params=["orm", "memory"])
-def engine(request: pytest.FixtureRequest, registry: Registry) -> Engine:
-    """An engine on the ORM store (the test database) and on the memory store."""
-    if request.param == "orm":
-        request.getfixturevalue("db")
-        store = OrmStore()
-    else:
-        store = MemoryStore()
+def engine(request: pytest.FixtureRequest, registry: Registry, db: None) -> Engine:
+    """An engine on the ORM store (the test database) and one on the memory store."""
+    store = OrmStore() if request.param == "orm" else MemoryStore()
     return Engine(store=store, registry=registry, enqueue=False)
 
 

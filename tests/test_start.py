@@ -198,14 +198,10 @@ def test_namespaces_are_stamped_and_the_count_spans_them(registry):
 
 
 @pytest.mark.parametrize("store_kind", ["orm", "memory"])
-def test_scope_reads_fences_reads_and_the_count(registry, store_kind, request):
-    if store_kind == "orm":
-        request.getfixturevalue("db")
-        from durable_django.stores import OrmStore
+def test_scope_reads_fences_reads_and_the_count(registry, store_kind, db):
+    from durable_django.stores import OrmStore
 
-        store = OrmStore()
-    else:
-        store = MemoryStore()
+    store = OrmStore() if store_kind == "orm" else MemoryStore()
     blue = Engine(store=store, namespace="blue", scope_reads=True, registry=registry, enqueue=False)
     green = Engine(
         store=store, namespace="green", scope_reads=True, registry=registry, enqueue=False
