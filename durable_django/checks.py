@@ -16,8 +16,13 @@ _SAFE_ISOLATION = {None, "", "read committed", "read uncommitted"}
 @checks.register(checks.Tags.database, checks.Tags.compatibility)
 def check_databases(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Warn about database settings under which the quota could admit too many runs."""
+    return database_warnings(settings.DATABASES)
+
+
+def database_warnings(databases: dict[str, dict[str, Any]]) -> list[checks.CheckMessage]:
+    """The warnings :func:`check_databases` gives for a ``DATABASES`` dict."""
     messages: list[checks.CheckMessage] = []
-    for alias, config in settings.DATABASES.items():
+    for alias, config in databases.items():
         engine = config.get("ENGINE", "")
         options = config.get("OPTIONS", {}) or {}
         if engine.endswith("sqlite3") and str(options.get("transaction_mode", "")).upper() not in (
