@@ -199,9 +199,10 @@ class Engine:
         """The definition to start for a name, a declared workflow or a definition."""
         if isinstance(workflow, WorkflowDefinition):
             return workflow
-        declared = getattr(workflow, "definition", None)
-        if isinstance(declared, WorkflowDefinition):
-            return declared
+        declared = getattr(workflow, "durable", workflow)  # a decorated BaseWorkflow class
+        definition = getattr(declared, "definition", None)
+        if isinstance(definition, WorkflowDefinition):
+            return definition
         return self.registry.latest(validate_text(workflow, "workflow name", MAX_NAME_LENGTH))
 
     # starting -----------------------------------------------------------------------

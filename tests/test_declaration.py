@@ -23,6 +23,9 @@ def test_class_form_gets_start_methods(memory_engine: Engine):
     assert memory_engine.get_run(handle.run_id).tags == ["greeting"]
     run_until_idle(memory_engine)
     assert handle.result(timeout=1) == {"hello": "Ada"}
+    # The engine starts it by class, declared object or name alike.
+    for target in (Greet, Greet.durable, "greet"):
+        assert memory_engine.start(target, {"name": "x"}).workflow == "greet"
 
 
 def test_function_form_returns_a_workflow(memory_engine: Engine):

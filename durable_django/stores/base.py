@@ -9,7 +9,7 @@ Two parts are optional:
   counted with ``len(list_runs(...))``.
 - ``quota_lock(key)``: a context manager that serialises starts of one quota key and
   makes the count and the insert that follow it one transaction. A store without it
-  gets no serialisation, which is only safe with a single starter.
+  gets only ``atomic()``, which serialises nothing: safe with a single starter only.
 
 A store may also offer ``start_run(run, quota, *, check_existing, read_namespace)``, one
 call doing the whole start (see :func:`start_with_primitives` for its meaning); the

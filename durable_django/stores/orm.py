@@ -61,7 +61,9 @@ class OrmStore:
         return transaction.atomic(using=self.using)
 
     def on_commit(self, callback: Callable[[], None]) -> None:
-        transaction.on_commit(callback, using=self.using)
+        # robust: a broker that is down must not fail a start whose run is committed;
+        # the error is logged and the tick sends the run again.
+        transaction.on_commit(callback, using=self.using, robust=True)
 
     @contextlib.contextmanager
     def quota_lock(self, key: str) -> Iterator[None]:
