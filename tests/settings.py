@@ -60,6 +60,10 @@ elif DB == "sqlite":
 else:
     raise RuntimeError(f"unknown DURABLE_TEST_DB {DB!r}: use sqlite, postgres or mariadb")
 
+# Worker processes started by the tests open the test database of the run that started them.
+if os.environ.get("DURABLE_TEST_DB_NAME"):
+    DATABASES["default"]["NAME"] = os.environ["DURABLE_TEST_DB_NAME"]
+
 CELERY_BROKER_URL = os.environ.get("DURABLE_TEST_BROKER", "redis://127.0.0.1:6379/15")
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
