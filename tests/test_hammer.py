@@ -1,0 +1,460 @@
+"""The quota under real concurrency: many starters released together against one key.
+
+Whatever the interleaving, a key with limit 8 admits exactly 8 runs; the others are
+refused with ``ConcurrencyLimitError`` and leave nothing behind. Starts of other keys do
+not wait for an open start; starts of the same key do, and then count what it committed.
+Runs on every database the suite supports (``DURABLE_TEST_DB``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+from durable_django import ConcurrencyLimitError
+from durable_django.models import QuotaLock, Run, RunTag
+from durable_django.status import RunStatus
+from tests.hammer_worker import (
+    WORKFLOW,
+    Outcome,
+    make_engine,
+    process_main,
+    run_threads,
+    start_once,
+)
+from tests.testapp.workflows import EchoWorkflow
+
+ECHO = EchoWorkflow.durable.definition
+
+pytestmark = pytest.mark.quota
+
+LIMIT = 8
+TRIALS = 20
+THREADS = 32
+PROCESSES = 4
+THREADS_PER_PROCESS = 8
+#: Generous bounds for waits on other threads; a correct run never gets near them.
+PATIENCE = 60.0
+
+on_sqlite = connection.vendor == "sqlite"
+on_postgresql = connection.vendor == "postgresql"
+
+#: ``fast_path`` of the ORM store under test. Off PostgreSQL the default store takes the
+#: portable path, so there the portable-path case is the default store's case too.
+STORES = [
+    pytest.param(
+        True,
+        id="default-store",
+        marks=pytest.mark.skipif(
+            not on_postgresql,
+            reason="off PostgreSQL the default store takes the portable path, tested as such",
+        ),
+    ),
+    pytest.param(False, id="portable-path"),
+]
+server_only = pytest.mark.skipif(
+    on_sqlite,
+    reason="SQLite has one database-wide write lock: every start waits for any open one",
+)
+
+
+def fresh_keys(count: int) -> list[str]:
+    prefix = uuid.uuid4().hex[:12]
+    return [f"hammer:{prefix}:{n:02d}" for n in range(count)]
+
+
+def tag_of(key: str) -> str:
+    return f"concurrency:{key}"
+
+
+def assert_no_errors(outcomes: list[Outcome]) -> None:
+    errors = [o for o in outcomes if o.kind == "error"]
+    assert not errors, "\n\n".join(f"{o.starter} (trial {o.trial}):\n{o.detail}" for o in errors)
+
+
+def assert_trials(outcomes: list[Outcome], keys: list[str], starters: int) -> None:
+    """Each trial admitted exactly ``LIMIT`` starters, refused the rest, stored ``LIMIT`` runs."""
+    assert_no_errors(outcomes)
+    by_trial: dict[int, list[Outcome]] = defaultdict(list)
+    for outcome in outcomes:
+        by_trial[outcome.trial].append(outcome)
+    assert sorted(by_trial) == list(range(len(keys)))
+    for trial, key in enumerate(keys):
+        results = by_trial[trial]
+        kinds = Counter(o.kind for o in results)
+        assert len(results) == starters, f"trial {trial}: {len(results)} outcomes"
+        assert kinds == {"created": LIMIT, "refused": starters - LIMIT}, f"trial {trial}: {kinds}"
+        for refused in (o for o in results if o.kind == "refused"):
+            assert (refused.workflow, refused.key, refused.limit, refused.active) == (
+                WORKFLOW,
+                key,
+                LIMIT,
+                LIMIT,
+            ), f"trial {trial}: {refused}"
+        created = {o.run_id for o in results if o.kind == "created"}
+        assert_stored(key, created)
+
+
+def assert_stored(key: str, run_ids: set[str]) -> None:
+    """The database holds exactly ``run_ids`` under ``key``, each with one quota tag row."""
+    tag = tag_of(key)
+    tagged_runs = set(Run.objects.filter(tag_rows__tag=tag).values_list("pk", flat=True))
+    assert tagged_runs == run_ids
+    tag_rows = list(RunTag.objects.filter(tag=tag).values_list("run_id", flat=True))
+    assert sorted(tag_rows) == sorted(run_ids), "duplicate or orphan tag rows"
+    assert Run.objects.filter(pk__in=tag_rows).count() == len(tag_rows)
+    statuses = set(RunTag.objects.filter(tag=tag).values_list("status", flat=True))
+    assert statuses <= {RunStatus.PENDING}
+
+
+# the thread hammer ---------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("fast_path", STORES)
+def test_threads_released_together_admit_exactly_the_limit(fast_path: bool) -> None:
+    engine = make_engine(fast_path)
+    keys = fresh_keys(TRIALS)
+    barrier = threading.Barrier(THREADS)
+
+    outcomes = run_threads(engine, "t", keys, LIMIT, THREADS, barrier, PATIENCE)
+
+    assert_trials(outcomes, keys, THREADS)
+    assert Run.objects.count() == LIMIT * TRIALS
+    assert RunTag.objects.count() == LIMIT * TRIALS
+
+
+def _start_in_open_transaction(
+    engine: Any, name: str, keys: list[str], barrier: threading.Barrier, out: list[Outcome]
+) -> None:
+    """A starter inside a transaction that has already read, as under ``ATOMIC_REQUESTS``.
+
+    On a server database every starter reads before the others are released, so all of
+    them read before any of them commits. SQLite's transactions take the write lock as they
+    begin, so there the starters are released before they open theirs.
+    """
+    try:
+        for trial, key in enumerate(keys):
+            if on_sqlite:
+                barrier.wait(PATIENCE)
+            with transaction.atomic():
+                # Read before the start, as a view would (its tenant, its user...).
+                Run.objects.filter(tag_rows__tag=tag_of(key)).count()
+                if not on_sqlite:
+                    barrier.wait(PATIENCE)
+                out.append(start_once(engine, trial, name, key, LIMIT))
+    except Exception as error:
+        out.append(Outcome(-1, name, "error", detail=repr(error)))
+        barrier.abort()
+    finally:
+        connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("fast_path", STORES)
+def test_starts_inside_transactions_that_already_read(fast_path: bool) -> None:
+    engine = make_engine(fast_path)
+    keys = fresh_keys(TRIALS // 2)
+    barrier = threading.Barrier(THREADS // 2)
+    outcomes: list[Outcome] = []
+    threads = [
+        threading.Thread(
+            target=_start_in_open_transaction, args=(engine, f"a{n}", keys, barrier, outcomes)
+        )
+        for n in range(THREADS // 2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert_trials(outcomes, keys, THREADS // 2)
+
+
+# the process hammer --------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("fast_path", STORES)
+def test_processes_released_together_admit_exactly_the_limit(fast_path: bool) -> None:
+    context = multiprocessing.get_context("spawn")
+    keys = fresh_keys(TRIALS)
+    starters = PROCESSES * THREADS_PER_PROCESS
+    barrier = context.Barrier(starters)
+    results = context.Queue()
+    db_name = connection.settings_dict["NAME"]
+    children = [
+        context.Process(
+            target=process_main,
+            args=(
+                db_name,
+                fast_path,
+                index,
+                keys,
+                LIMIT,
+                THREADS_PER_PROCESS,
+                barrier,
+                PATIENCE * 2,  # the first wait also covers each child's start-up
+                results,
+            ),
+            name=f"hammer-process-{index}",
+        )
+        for index in range(PROCESSES)
+    ]
+    outcomes: list[Outcome] = []
+    try:
+        for child in children:
+            child.start()
+        for _ in children:
+            outcomes.extend(results.get(timeout=PATIENCE * 4))
+    except queue.Empty:
+        pytest.fail("a hammer process did not report")
+    finally:
+        for child in children:
+            child.join(timeout=PATIENCE)
+            if child.is_alive():
+                child.kill()
+                child.join()
+
+    assert_trials(outcomes, keys, starters)
+    assert [child.exitcode for child in children] == [0] * PROCESSES
+    assert Run.objects.count() == LIMIT * TRIALS
+
+
+# lock scope: other keys go on, the same key waits ----------------------------------------
+
+
+def _session_id() -> int:
+    """This thread's database session, as the server's lock views name it."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_backend_pid()")
+        else:
+            cursor.execute("SELECT CONNECTION_ID()")
+        return int(cursor.fetchone()[0])
+
+
+def _is_waiting_on_a_lock(session: int) -> bool:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [session])
+            row = cursor.fetchone()
+            return row is not None and row[0] == "Lock"
+        cursor.execute(
+            "SELECT trx_state FROM information_schema.innodb_trx WHERE trx_mysql_thread_id = %s",
+            [session],
+        )
+        row = cursor.fetchone()
+        return row is not None and row[0] == "LOCK WAIT"
+
+
+class OpenStart(threading.Thread):
+    """Starts a run under ``key`` inside ``atomic()`` and keeps it open until released."""
+
+    def __init__(self, engine: Any, key: str, limit: int) -> None:
+        super().__init__(name="open-start")
+        self.engine, self.key, self.limit = engine, key, limit
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.committing = threading.Event()
+        self.outcome: Outcome | None = None
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with transaction.atomic():
+                self.outcome = start_once(self.engine, 0, "open", self.key, self.limit)
+                self.started.set()
+                assert self.release.wait(PATIENCE), "never released"
+                self.committing.set()  # set before the commit: later starts must see it set
+        except BaseException as error:
+            self.failure = error
+        finally:
+            self.started.set()
+            connection.close()
+
+
+class Starter(threading.Thread):
+    """Starts one run under ``key``; notes whether the open start was committing by then."""
+
+    def __init__(self, engine: Any, key: str, limit: int, opener: OpenStart, watch: bool) -> None:
+        super().__init__(name=f"start-{key}")
+        self.engine, self.key, self.limit, self.opener, self.watch = (
+            engine,
+            key,
+            limit,
+            opener,
+            watch,
+        )
+        self.ready = threading.Event()
+        self.done = threading.Event()
+        self.session: int | None = None
+        self.outcome: Outcome | None = None
+        self.opener_committing_after: bool | None = None
+
+    def run(self) -> None:
+        try:
+            if self.watch:
+                self.session = _session_id()
+            self.ready.set()
+            self.outcome = start_once(self.engine, 0, self.name, self.key, self.limit)
+            self.opener_committing_after = self.opener.committing.is_set()
+        finally:
+            self.ready.set()
+            self.done.set()
+            connection.close()
+
+
+def _prepare_keys(engine: Any, keys: list[str], known: bool) -> int:
+    """With ``known``, give each key one committed run (and its lock row) beforehand."""
+    if not known:
+        return 0
+    for key in keys:
+        assert start_once(engine, 0, "before", key, LIMIT).kind == "created"
+    return 1
+
+
+@server_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("known", [False, True], ids=["new-keys", "known-keys"])
+@pytest.mark.parametrize("fast_path", STORES)
+def test_a_start_of_another_key_does_not_wait(fast_path: bool, known: bool) -> None:
+    engine = make_engine(fast_path)
+    # Neighbouring keys: B sorts just before A, in the gap next to A's lock row.
+    prefix = f"hammer:{uuid.uuid4().hex[:12]}"
+    key_a, key_b = f"{prefix}:b", f"{prefix}:a"
+    before = _prepare_keys(engine, [key_a, key_b], known)
+    opener = OpenStart(engine, key_a, LIMIT)
+    other = Starter(engine, key_b, LIMIT, opener, watch=False)
+    try:
+        opener.start()
+        assert opener.started.wait(PATIENCE)
+        assert opener.failure is None and opener.outcome is not None
+        assert opener.outcome.kind == "created", opener.outcome
+
+        other.start()
+        assert other.done.wait(PATIENCE), "a start of key B waited for the open start of key A"
+        assert not opener.committing.is_set()
+        assert other.outcome is not None and other.outcome.kind == "created", other.outcome
+        assert other.opener_committing_after is False
+    finally:
+        opener.release.set()
+        opener.join(PATIENCE)
+        other.join(PATIENCE)
+    assert opener.failure is None
+    assert engine.count_runs(tag=tag_of(key_a)) == before + 1
+    assert engine.count_runs(tag=tag_of(key_b)) == before + 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("known", [False, True], ids=["new-key", "known-key"])
+@pytest.mark.parametrize("fast_path", STORES)
+def test_a_start_of_the_same_key_waits_then_counts_the_commit(fast_path: bool, known: bool) -> None:
+    engine = make_engine(fast_path)
+    key = fresh_keys(1)[0]
+    before = _prepare_keys(engine, [key], known)
+    limit = before + 1  # the open start fills the key
+    opener = OpenStart(engine, key, limit)
+    waiter = Starter(engine, key, limit, opener, watch=not on_sqlite)
+    try:
+        opener.start()
+        assert opener.started.wait(PATIENCE)
+        assert opener.failure is None and opener.outcome is not None
+        assert opener.outcome.kind == "created", opener.outcome
+
+        waiter.start()
+        assert waiter.ready.wait(PATIENCE)
+        if on_sqlite:
+            # No lock view to ask: give the start a moment in which it must not finish.
+            assert not waiter.done.wait(0.5)
+        else:
+            assert waiter.session is not None
+            deadline = time.monotonic() + PATIENCE
+            while not _is_waiting_on_a_lock(waiter.session):
+                # InnoDB refreshes its lock views only when left unread for 100 ms.
+                assert not waiter.done.wait(0.25), "the second start of the key did not wait"
+                assert time.monotonic() < deadline, "the second start never waited on a lock"
+        assert not waiter.done.is_set()
+    finally:
+        opener.release.set()
+        opener.join(PATIENCE)
+        waiter.join(PATIENCE)
+    assert opener.failure is None
+    assert waiter.opener_committing_after is True, "the second start finished before the commit"
+    outcome = waiter.outcome
+    assert outcome is not None and outcome.kind == "refused", outcome
+    assert (outcome.key, outcome.limit, outcome.active) == (key, limit, limit)
+    assert engine.count_runs(tag=tag_of(key)) == limit
+
+
+# idempotent re-starts under contention ---------------------------------------------------
+
+
+def _restart(
+    engine: Any,
+    run_id: str,
+    key: str,
+    barrier: threading.Barrier,
+    out: list[tuple[str, Any]],
+) -> None:
+    try:
+        barrier.wait(PATIENCE)
+        handle = engine.start(ECHO, {"key": key, "text": "again"}, run_id=run_id)
+        out.append(("handle", handle))
+    except ConcurrencyLimitError as error:
+        out.append(("refused", error))
+    except Exception as error:
+        out.append(("error", error))
+        barrier.abort()
+    finally:
+        connection.close()
+
+
+def _restart_wave(engine: Any, run_id: str, key: str) -> list[tuple[str, Any]]:
+    barrier = threading.Barrier(THREADS)
+    out: list[tuple[str, Any]] = []
+    threads = [
+        threading.Thread(target=_restart, args=(engine, run_id, key, barrier, out))
+        for _ in range(THREADS)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return out
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("others", [0, 2], ids=["room-left", "fills-the-key"])
+@pytest.mark.parametrize("fast_path", STORES)
+def test_concurrent_restarts_of_one_run_id_create_it_once(fast_path: bool, others: int) -> None:
+    engine = make_engine(fast_path)
+    key = fresh_keys(1)[0]
+    limit = ECHO.concurrency.limit
+    assert others < limit
+    for n in range(others):
+        engine.start(ECHO, {"key": key, "text": str(n)})
+    run_id = f"restart:{uuid.uuid4().hex}"
+
+    first = _restart_wave(engine, run_id, key)
+    # Once the key is full, a second wave re-starts the run again: still never refused.
+    second = _restart_wave(engine, run_id, key) if others + 1 == limit else []
+
+    for wave in (first, second):
+        assert not [r for r in wave if r[0] != "handle"], wave
+    created = [h for _, h in first if h.created]
+    assert len(created) == 1
+    assert not [h for _, h in second if h.created]
+    assert {(h.run_id, h.workflow) for _, h in first + second} == {(run_id, ECHO.name)}
+    assert Run.objects.filter(pk=run_id).count() == 1
+    assert RunTag.objects.filter(run_id=run_id).count() == 1
+    assert engine.count_runs(tag=tag_of(key)) == others + 1
+    assert QuotaLock.objects.filter(key=key).count() <= 1
