@@ -1,0 +1,1 @@
+"""Benchmark scripts; each prints a table. Run them from the repository root."""

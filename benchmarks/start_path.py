@@ -1,0 +1,471 @@
+"""What a start costs: the plain start, the quota-checked start, and the quota-checked
+start on a key with a long finished history, side by side.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/start_path.py [--starts 2000] [--history 1000000]
+
+It (re)creates the PostgreSQL database ``durable_bench`` (``--database``), migrates it,
+gives one quota key ``--history`` completed runs (inserted with ``generate_series``, then
+``VACUUM ANALYZE``), and publishes every start's Celery message to a real Redis broker
+(``redis://127.0.0.1:6379/14``, queue ``durable_bench``, purged before and after).
+
+The variants are measured in rounds: each round runs a batch of every variant, in an
+order that rotates from round to round, and the runs started under a quota are completed
+between rounds so the active count stays small. Every start is timed on its own; the
+table shows the median and mean per variant over all rounds, and the ratios are the
+medians of the per-round ratios (the machine is shared, so compare rows, not absolutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+
+QUEUE = "durable_bench"
+INPUT_SMALL = {"tenant": "small", "message": "hello"}
+INPUT_HISTORY = {"tenant": "history", "message": "hello"}
+HISTORY_TAG = "concurrency:bench:history"
+SMALL_TAG = "concurrency:bench:small"
+QUOTA_TAGS = [SMALL_TAG, HISTORY_TAG]
+ACTIVE = ["pending", "running", "suspended", "blocked"]
+
+
+def tenant_key(input: dict) -> str:
+    return f"bench:{input['tenant']}"
+
+
+def noop(ctx, input):  # the runs are never executed here
+    return None
+
+
+@dataclass
+class Variant:
+    label: str
+    start: Callable[[], object]
+    samples: list[float] = field(default_factory=list)  # µs, every start
+    rounds: list[float] = field(default_factory=list)  # µs, each round's median
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--starts", type=int, default=2000, help="starts per variant")
+    parser.add_argument("--batch", type=int, default=25, help="starts per variant per round")
+    parser.add_argument(
+        "--history", type=int, default=1_000_000, help="completed runs under the history key"
+    )
+    parser.add_argument("--database", default="durable_bench", help="PostgreSQL database")
+    parser.add_argument(
+        "--reuse", action="store_true", help="keep an existing database and its history"
+    )
+    return parser.parse_args()
+
+
+def recreate_database(name: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(
+        host=os.environ.get("DURABLE_BENCH_HOST", "127.0.0.1"),
+        port=os.environ.get("DURABLE_BENCH_PORT", "5432"),
+        user=os.environ.get("DURABLE_BENCH_USER", "postgres"),
+        dbname="postgres",
+        autocommit=True,
+    ) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def insert_history(count: int) -> None:
+    """``count`` completed runs under the history key, in two set-based statements."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM durable_run_tag WHERE tag = %s", [HISTORY_TAG])
+        have = cursor.fetchone()[0]
+        if have < count:
+            cursor.execute(
+                """
+                INSERT INTO durable_run (
+                    id, workflow, version, namespace, status, queue, input, output, error,
+                    parent_id, blocked_reason, attempt, created_at, updated_at, started_at,
+                    finished_at)
+                SELECT 'history-' || g, 'bench.quota', '1', 'default', 'completed', %s,
+                    '{"tenant": "history"}'::jsonb, 'null'::jsonb, NULL, NULL, '', 1,
+                    now() - (g || ' seconds')::interval, now() - (g || ' seconds')::interval,
+                    now() - (g || ' seconds')::interval, now() - (g || ' seconds')::interval
+                FROM generate_series(%s, %s) AS g
+                """,
+                [QUEUE, have + 1, count],
+            )
+            cursor.execute(
+                """
+                INSERT INTO durable_run_tag (run_id, tag, status, namespace)
+                SELECT 'history-' || g, %s, 'completed', 'default'
+                FROM generate_series(%s, %s) AS g
+                """,
+                [HISTORY_TAG, have + 1, count],
+            )
+        cursor.execute("VACUUM ANALYZE durable_run")
+        cursor.execute("VACUUM ANALYZE durable_run_tag")
+
+
+def complete_quota_runs() -> None:
+    """Complete the runs started under the quota keys, as workers would."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE durable_run SET status = 'completed', finished_at = now(), updated_at = now()
+            WHERE status = 'pending' AND id IN (
+                SELECT run_id FROM durable_run_tag WHERE tag = ANY(%s) AND status = 'pending')
+            """,
+            [QUOTA_TAGS],
+        )
+        cursor.execute(
+            "UPDATE durable_run_tag SET status = 'completed' "
+            "WHERE tag = ANY(%s) AND status = 'pending'",
+            [QUOTA_TAGS],
+        )
+
+
+def purge_queue(app) -> int:
+    with app.connection_for_write() as conn:
+        return conn.default_channel.queue_purge(QUEUE) or 0
+
+
+def count_round_trips(start: Callable[[], object]) -> tuple[int, int]:
+    """(PostgreSQL, Redis) round trips of one start: libpq's protocol trace, redis writes."""
+    import redis.connection
+    from django.db import connection
+    from psycopg import pq
+
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    sends = 0
+    original = redis.connection.AbstractConnection.send_packed_command
+
+    def counting(self, command, check_health=True):
+        nonlocal sends
+        sends += 1
+        return original(self, command, check_health)
+
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        redis.connection.AbstractConnection.send_packed_command = counting
+        try:
+            start()
+        finally:
+            redis.connection.AbstractConnection.send_packed_command = original
+            pgconn.untrace()
+        trace.flush()
+        trace.seek(0)
+        # Each simple Query, or each Sync closing an extended-protocol batch, is one trip.
+        pg = sum(1 for line in trace if re.match(r"F\t\d+\t(Query|Sync)\b", line))
+    return pg, sends
+
+
+def explain_count(history: int, start: Callable[[], object]) -> str:
+    """The plans ``durable_start_run`` uses for the count during one start on the history
+    key, captured with ``auto_explain``; a plain EXPLAIN of the same statement without it."""
+    from django.db import connection
+    from django.db.utils import DatabaseError
+
+    out = [f"-- the quota count on the key with {history:,} completed runs"]
+    connection.ensure_connection()
+    notices: list[str] = []
+    pgconn = connection.connection
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("LOAD 'auto_explain'")
+    except DatabaseError:
+        with connection.cursor() as cursor:
+            for status in ACTIVE:
+                cursor.execute(
+                    "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT count(*) FROM durable_run_tag t "
+                    "WHERE t.tag = %s AND t.status = %s",
+                    [HISTORY_TAG, status],
+                )
+                out += [row[0] for row in cursor.fetchall()]
+    else:
+        settings = {
+            "log_min_duration": "0",
+            "log_nested_statements": "on",
+            "log_analyze": "on",
+            "log_buffers": "on",
+            "log_level": "notice",
+        }
+
+        def keep(diagnostic) -> None:
+            notices.append(diagnostic.message_primary or "")
+
+        with connection.cursor() as cursor:
+            for name, value in settings.items():
+                cursor.execute(f"SET auto_explain.{name} = {value}")
+        pgconn.add_notice_handler(keep)
+        try:
+            start()
+        finally:
+            pgconn.remove_notice_handler(keep)
+            with connection.cursor() as cursor:
+                cursor.execute("SET auto_explain.log_min_duration = -1")
+        out.append("-- as run inside durable_start_run by one start (auto_explain):")
+        for notice in notices:
+            if "FROM durable_run_tag t" in notice and "count(*)" in notice:
+                lines = notice.splitlines()
+                plan = lines[lines.index(next(x for x in lines if x.startswith("Aggregate"))) :]
+                out.append(lines[0].strip())
+                out += plan
+    with connection.cursor() as cursor:
+        # Before 0003 the function counted with one `status = ANY(...)`: its plan on the
+        # key whose finished runs all came after the last ANALYZE (the b variant's key).
+        cursor.execute(
+            "SELECT count(*) FROM durable_run_tag WHERE tag = %s AND status = 'completed'",
+            [SMALL_TAG],
+        )
+        finished = cursor.fetchone()[0]
+        cursor.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT count(*) FROM durable_run_tag t "
+            "WHERE t.tag = %s AND t.status = ANY(%s)",
+            [SMALL_TAG, ACTIVE],
+        )
+        out.append(
+            f"-- for comparison, the single `status = ANY(...)` count of migration 0002 on "
+            f"{SMALL_TAG!r}, whose {finished:,} completed runs came after the last ANALYZE:"
+        )
+        out += [row[0] for row in cursor.fetchall()]
+        cursor.execute(
+            "SELECT pg_size_pretty(pg_relation_size('durable_tag_count_idx')), "
+            "pg_size_pretty(pg_relation_size('durable_run_tag'))"
+        )
+        index_size, table_size = cursor.fetchone()
+    out.append(f"-- durable_tag_count_idx: {index_size}; durable_run_tag: {table_size}")
+    return "\n".join(out)
+
+
+def main() -> None:
+    args = parse_args()
+    os.environ["DURABLE_BENCH_DB"] = args.database
+    if not args.reuse:
+        recreate_database(args.database)
+
+    import django
+
+    django.setup()
+
+    from celery import Celery
+    from django.core.management import call_command
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from durable_django import Concurrency, Engine
+    from durable_django.engines import send_run
+    from durable_django.models import Run, RunTag
+    from durable_django.registry import Registry
+    from durable_django.stores.orm import OrmStore
+
+    app = Celery("durable_bench", set_as_current=True)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+
+    call_command("migrate", verbosity=0)
+    began = time.perf_counter()
+    insert_history(args.history)
+    print(
+        f"history: {args.history:,} completed runs under {HISTORY_TAG!r} "
+        f"ready in {time.perf_counter() - began:.1f} s",
+        flush=True,
+    )
+    complete_quota_runs()
+    purged = purge_queue(app)
+
+    registry = Registry()
+    quota = Concurrency(key=tenant_key, limit=1_000_000)
+
+    def engine(*, fast_path: bool = True, enqueue: bool = True) -> Engine:
+        return Engine(
+            store=OrmStore(fast_path=fast_path),
+            namespace="default",
+            scope_reads=False,
+            queue=QUEUE,
+            enqueue=enqueue,
+            registry=registry,
+        )
+
+    fast, portable, fast_no_publish = engine(), engine(fast_path=False), engine(enqueue=False)
+    fast.register("bench.plain", "1", noop, tags=["bench"])
+    fast.register("bench.quota", "1", noop, concurrency=quota)
+
+    def raw_orm() -> None:
+        run_id = uuid.uuid4().hex
+        now = timezone.now()
+        with transaction.atomic():
+            Run.objects.create(
+                id=run_id,
+                workflow="bench.plain",
+                version="1",
+                namespace="default",
+                status="pending",
+                queue=QUEUE,
+                input=INPUT_SMALL,
+                created_at=now,
+                updated_at=now,
+            )
+            RunTag.objects.create(run_id=run_id, tag="bench", status="pending", namespace="default")
+            transaction.on_commit(lambda: send_run(run_id, QUEUE))
+
+    def publish_only() -> None:
+        send_run(uuid.uuid4().hex, QUEUE)
+
+    variants = {
+        "a": Variant("a  start, no quota", lambda: fast.start("bench.plain", INPUT_SMALL)),
+        "b": Variant("b  start, quota", lambda: fast.start("bench.quota", INPUT_SMALL)),
+        "c": Variant(
+            "c  start, quota, 1M-history key", lambda: fast.start("bench.quota", INPUT_HISTORY)
+        ),
+        "pa": Variant("   portable: no quota", lambda: portable.start("bench.plain", INPUT_SMALL)),
+        "pb": Variant("   portable: quota", lambda: portable.start("bench.quota", INPUT_SMALL)),
+        "pc": Variant(
+            "   portable: quota, 1M history",
+            lambda: portable.start("bench.quota", INPUT_HISTORY),
+        ),
+        "raw": Variant("   raw ORM: Run + RunTag + publish", raw_orm),
+        "pub": Variant("   Celery publish alone", publish_only),
+        "na": Variant(
+            "   no publish: no quota", lambda: fast_no_publish.start("bench.plain", INPUT_SMALL)
+        ),
+        "nb": Variant(
+            "   no publish: quota", lambda: fast_no_publish.start("bench.quota", INPUT_SMALL)
+        ),
+        "nc": Variant(
+            "   no publish: quota, 1M history",
+            lambda: fast_no_publish.start("bench.quota", INPUT_HISTORY),
+        ),
+    }
+    if args.history != 1_000_000:
+        label = f"{args.history:,}-history"
+        variants["c"].label = f"c  start, quota, {label} key"
+        variants["pc"].label = f"   portable: quota, {label}"
+        variants["nc"].label = f"   no publish: quota, {label}"
+
+    # Warm up: connections, Celery's producer pool and queue declaration, cached plans.
+    for variant in variants.values():
+        for _ in range(20):
+            variant.start()
+    complete_quota_runs()
+    trips = {name: count_round_trips(v.start) for name, v in variants.items()}
+    complete_quota_runs()
+
+    names = list(variants)
+    rounds = max(1, -(-args.starts // args.batch))
+    clock = time.perf_counter_ns
+    print(
+        f"measuring {len(names)} variants x {rounds} rounds x {args.batch} starts ...",
+        flush=True,
+    )
+    began = time.perf_counter()
+    for number in range(rounds):
+        shift = number % len(names)
+        for name in names[shift:] + names[:shift]:
+            variant = variants[name]
+            start = variant.start
+            times = []
+            gc.collect()
+            gc.disable()
+            try:
+                for _ in range(args.batch):
+                    t0 = clock()
+                    start()
+                    times.append((clock() - t0) / 1000)
+            finally:
+                gc.enable()
+            variant.samples += times
+            variant.rounds.append(statistics.median(times))
+        complete_quota_runs()
+    elapsed = time.perf_counter() - began
+    purged += purge_queue(app)
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        server = cursor.fetchone()[0]
+
+    print()
+    print(
+        f"{datetime.date.today().isoformat()}, Python {platform.python_version()}, "
+        f"PostgreSQL {server.split()[0]}, Redis broker, {os.cpu_count()} cores (shared); "
+        f"{rounds} rounds x {args.batch} starts per variant, measured in {elapsed:.0f} s"
+    )
+    print()
+    header = (
+        f"| {'variant':<36} | {'starts/s':>8} | {'mean µs':>8} | {'median µs':>9} "
+        f"| {'p90 µs':>7} | {'PG trips':>8} | {'Redis trips':>11} |"
+    )
+    print(header)
+    print("| " + " | ".join("-" * (len(c) - 2) for c in header.split("|")[1:-1]) + " |")
+    for name, variant in variants.items():
+        mean = statistics.fmean(variant.samples)
+        median = statistics.median(variant.samples)
+        p90 = statistics.quantiles(variant.samples, n=10)[-1]
+        pg, rd = trips[name]
+        print(
+            f"| {variant.label:<36} | {1e6 / mean:>8.0f} | {mean:>8.0f} | {median:>9.0f} "
+            f"| {p90:>7.0f} | {pg:>8} | {rd:>11} |"
+        )
+    print()
+
+    def ratio(top: str, bottom: str) -> tuple[float, float, float, float]:
+        per_round = [
+            t / b for t, b in zip(variants[top].rounds, variants[bottom].rounds, strict=True)
+        ]
+        q1, _, q3 = statistics.quantiles(per_round, n=4)
+        overall = statistics.median(variants[top].samples) / statistics.median(
+            variants[bottom].samples
+        )
+        return statistics.median(per_round), q1, q3, overall
+
+    for top, bottom, target in (
+        ("b", "a", 1.3),
+        ("c", "b", 1.1),
+        ("pb", "pa", None),
+        ("pc", "pb", None),
+        ("nb", "na", None),
+        ("nc", "nb", None),
+        ("a", "raw", None),
+        ("b", "raw", None),
+    ):
+        med, q1, q3, overall = ratio(top, bottom)
+        verdict = ""
+        if target is not None:
+            verdict = f"  target <= {target}: {'met' if med <= target else 'MISSED'}"
+        print(
+            f"{top:>3}/{bottom:<3} = {med:.3f}  (per-round IQR {q1:.3f}-{q3:.3f}; "
+            f"ratio of overall medians {overall:.3f}){verdict}"
+        )
+    print()
+    print(explain_count(args.history, variants["c"].start))
+    print()
+    print(f"purged {purged} messages from Redis queue {QUEUE!r}")
+
+
+if __name__ == "__main__":
+    main()
