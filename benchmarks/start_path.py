@@ -75,6 +75,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--reuse", action="store_true", help="keep an existing database and its history"
     )
+    parser.add_argument(
+        "--migrate-to",
+        metavar="MIGRATION",
+        help="stop at this durable_django migration (e.g. 0002, to measure the earlier "
+        "durable_start_run); the default is the latest",
+    )
     return parser.parse_args()
 
 
@@ -289,6 +295,8 @@ def main() -> None:
     app.config_from_object("django.conf:settings", namespace="CELERY")
 
     call_command("migrate", verbosity=0)
+    if args.migrate_to:
+        call_command("migrate", "durable_django", args.migrate_to, verbosity=0)
     began = time.perf_counter()
     insert_history(args.history)
     print(
@@ -415,6 +423,8 @@ def main() -> None:
         f"PostgreSQL {server.split()[0]}, Redis broker, {os.cpu_count()} cores (shared); "
         f"{rounds} rounds x {args.batch} starts per variant, measured in {elapsed:.0f} s"
     )
+    if args.migrate_to:
+        print(f"durable_django migrated to {args.migrate_to} only")
     print()
     header = (
         f"| {'variant':<36} | {'starts/s':>8} | {'mean µs':>8} | {'median µs':>9} "
