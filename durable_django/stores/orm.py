@@ -249,8 +249,8 @@ class OrmStore:
 def _count_per_status(tags: Any, tag: str, statuses: list[str], namespace: str | None) -> int:
     """The tag's runs in ``statuses``, as a ``UNION ALL`` of one equality per status.
 
-    With ``status IN (...)`` PostgreSQL (before 17) may read every index entry of the tag
-    and filter the statuses afterwards, when its statistics say the tag has few rows; with
+    With ``status IN (...)`` PostgreSQL's planner may read every index entry of the tag and
+    filter the statuses afterwards, when its statistics say the tag has few rows; with
     an equality on each status the index is searched on ``(tag, status)`` whatever the
     statistics say, so finished runs are never read.
     """
