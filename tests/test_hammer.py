@@ -3,6 +3,7 @@
 Whatever the interleaving, a key with limit 8 admits exactly 8 runs; the others are
 refused with ``ConcurrencyLimitError`` and leave nothing behind. Starts of other keys do
 not wait for an open start; starts of the same key do, and then count what it committed.
+Runs moving between counted statuses while others start neither open nor close a slot.
 Runs on every database the suite supports (``DURABLE_TEST_DB``).
 """
 
@@ -458,3 +459,70 @@ def test_concurrent_restarts_of_one_run_id_create_it_once(fast_path: bool, other
     assert RunTag.objects.filter(run_id=run_id).count() == 1
     assert engine.count_runs(tag=tag_of(key)) == others + 1
     assert QuotaLock.objects.filter(key=key).count() <= 1
+
+
+# status changes of counted runs during starts ---------------------------------------------
+
+#: Moves between counted statuses, half of them back to ``pending``: a count that reads
+#: the statuses one after another at different moments could miss or double-count a run.
+FLIPS = ("blocked", "pending", "suspended", "pending", "running", "pending")
+
+
+def _flip_statuses(
+    residents: list[list[str]], trial: list[int], stop: threading.Event, out: list[str]
+) -> None:
+    """Move the current trial's residents between counted statuses until ``stop`` is set.
+
+    Each move changes the runs and their tags' copy of the status in one transaction, as
+    a worker does, all of them at once so that a count caught in the middle is far off.
+    On SQLite the moves pause between each other: the writer that never lets go of the
+    database lock would starve the starters, whose busy handler sleeps while it waits.
+    """
+    pause = 0.01 if on_sqlite else 0.0
+    try:
+        step = 0
+        while not stop.wait(pause):
+            run_ids = residents[trial[0]]
+            status = FLIPS[step % len(FLIPS)]
+            with transaction.atomic():
+                Run.objects.filter(pk__in=run_ids).update(status=status)
+                RunTag.objects.filter(run_id__in=run_ids).update(status=status)
+            step += 1
+    except Exception as error:
+        out.append(repr(error))
+    finally:
+        connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("fast_path", STORES)
+def test_runs_changing_status_during_starts_open_no_slot(fast_path: bool) -> None:
+    engine = make_engine(fast_path)
+    keys = fresh_keys(TRIALS)
+    residents = [
+        [start_once(engine, -1, "resident", key, LIMIT).run_id for _ in range(LIMIT - 1)]
+        for key in keys
+    ]
+    trial = [0]
+    passes = iter(range(len(keys)))
+    # Each release of the starters points the flips at that trial's residents.
+    barrier = threading.Barrier(THREADS, action=lambda: trial.__setitem__(0, next(passes)))
+    stop = threading.Event()
+    failures: list[str] = []
+    flipper = threading.Thread(target=_flip_statuses, args=(residents, trial, stop, failures))
+    flipper.start()
+    try:
+        outcomes = run_threads(engine, "s", keys, LIMIT, THREADS, barrier, PATIENCE)
+    finally:
+        stop.set()
+        flipper.join(PATIENCE)
+    assert not failures
+
+    assert_no_errors(outcomes)
+    for number, key in enumerate(keys):
+        results = [o for o in outcomes if o.trial == number]
+        kinds = Counter(o.kind for o in results)
+        assert kinds == {"created": 1, "refused": THREADS - 1}, f"trial {number}: {kinds}"
+        actives = Counter(o.active for o in results if o.kind == "refused")
+        assert actives == {LIMIT: THREADS - 1}, f"trial {number}: refused with {actives}"
+        assert engine.count_runs(tag=tag_of(key)) == LIMIT
