@@ -411,7 +411,6 @@ def main() -> None:
             variant.rounds.append(statistics.median(times))
         complete_quota_runs()
     elapsed = time.perf_counter() - began
-    purged += purge_queue(app)
 
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
@@ -447,7 +446,10 @@ def main() -> None:
         per_round = [
             t / b for t, b in zip(variants[top].rounds, variants[bottom].rounds, strict=True)
         ]
-        q1, _, q3 = statistics.quantiles(per_round, n=4)
+        if len(per_round) > 1:
+            q1, _, q3 = statistics.quantiles(per_round, n=4)
+        else:
+            q1 = q3 = per_round[0]
         overall = statistics.median(variants[top].samples) / statistics.median(
             variants[bottom].samples
         )
@@ -473,6 +475,8 @@ def main() -> None:
         )
     print()
     print(explain_count(args.history, variants["c"].start))
+    complete_quota_runs()
+    purged += purge_queue(app)
     print()
     print(f"purged {purged} messages from Redis queue {QUEUE!r}")
 
