@@ -19,6 +19,15 @@ DEFAULTS: dict[str, Any] = {
     "QUEUE": "",
     # False: starts create runs but send nothing to Celery (drive them with run_until_idle).
     "ENQUEUE": True,
+    # A worker holds a running run under a lease this long, renewed every third of it;
+    # a run whose worker died is handed to another once its lease lapses.
+    "LEASE_SECONDS": 60,
+    # A blocked run (its workflow version not registered where it landed) is handed on
+    # again after this long.
+    "BLOCKED_RETRY_SECONDS": 30,
+    # A run still pending this long after its last message is sent again by the tick
+    # (a lost message must not lose a run).
+    "PENDING_RESEND_SECONDS": 300,
 }
 
 

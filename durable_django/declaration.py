@@ -51,7 +51,16 @@ class Workflow:
         tags: Iterable[str] = (),
         namespace: str | None = None,
     ) -> RunHandle:
-        """Create a run and enqueue it on commit; returns its handle at once."""
+        """Create a run and enqueue it on commit; returns its handle at once.
+
+        Inside a running workflow body this starts a child run instead (see
+        ``ctx.start_child``): ``run_id`` is then the child id.
+        """
+        context = _running_body(self, namespace)
+        if context is not None:
+            return context.start_child_handle(
+                self.definition, input, run_id, concurrency=concurrency, tags=tags
+            )
         return self.engine.start(
             self.definition,
             input,
@@ -90,7 +99,14 @@ class Workflow:
         tags: Iterable[str] = (),
         namespace: str | None = None,
     ) -> Any:
-        """Dispatch, wait for the run to settle, and return its output (or raise)."""
+        """Dispatch, wait for the run to settle, and return its output (or raise).
+
+        Inside a running workflow body this is ``ctx.child``: the parent is suspended
+        (no worker held) until the child settles; ``timeout`` does not apply.
+        """
+        context = _running_body(self, namespace)
+        if context is not None:
+            return context.child(self.definition, input, run_id, concurrency=concurrency, tags=tags)
         handle = self.dispatch(
             input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
         )
@@ -111,6 +127,18 @@ class Workflow:
             input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
         )
         return await handle.aresult(timeout=timeout)
+
+
+def _running_body(declared: Workflow, namespace: str | None) -> Any:
+    """The context of the workflow body running here, if this start happens inside one."""
+    from .execution import current_context
+
+    context = current_context.get()
+    if context is None:
+        return None
+    if namespace is not None:
+        raise ValueError("a child run is started in its parent's namespace; omit namespace=")
+    return context
 
 
 class BaseWorkflow:

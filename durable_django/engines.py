@@ -6,6 +6,7 @@ when first used. Build others directly: ``Engine(store=MemoryStore(), namespace=
 
 from __future__ import annotations
 
+import datetime
 import time
 import uuid
 from collections.abc import Collection, Iterable
@@ -13,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.utils import timezone
 
 from . import concurrency as quotas
 from .conf import build_store, durable_settings
-from .errors import RunFailed, RunNotFound, RunTimeout
+from .errors import DurableError, RunFailed, RunNotFound, RunTimeout
 from .registry import (
     MAX_NAME_LENGTH,
     Registry,
@@ -28,8 +30,15 @@ from .registry import (
     validate_text,
 )
 from .serialization import json_copy
-from .status import ALL_STATUSES, TERMINAL_STATUSES
-from .stores.base import NewRun, RunRecord, StartOutcome, start_with_primitives
+from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES, RunStatus
+from .stores.base import (
+    NewRun,
+    RunRecord,
+    StartOutcome,
+    check_quota,
+    quota_transaction,
+    start_with_primitives,
+)
 
 MAX_RUN_ID_LENGTH = 255
 MAX_NAMESPACE_LENGTH = 100
@@ -44,6 +53,24 @@ class EngineConfig:
     scope_reads: bool
     queue: str
     enqueue: bool
+    lease_seconds: float
+    blocked_retry_seconds: float
+    pending_resend_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    """What one tick handed on: runs woken from timers, recovered from dead workers,
+    unblocked, and sent again after their message seemed lost."""
+
+    woken: int = 0
+    recovered: int = 0
+    unblocked: int = 0
+    resent: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.woken + self.recovered + self.unblocked + self.resent
 
 
 class RunHandle:
@@ -103,6 +130,9 @@ class Engine:
             "SCOPE_READS": scope_reads,
             "QUEUE": queue,
             "ENQUEUE": enqueue,
+            "LEASE_SECONDS": None,
+            "BLOCKED_RETRY_SECONDS": None,
+            "PENDING_RESEND_SECONDS": None,
         }
         self._config: EngineConfig | None = None
 
@@ -125,6 +155,9 @@ class Engine:
                 scope_reads=bool(merged["SCOPE_READS"]),
                 queue=merged["QUEUE"] or "",
                 enqueue=bool(merged["ENQUEUE"]),
+                lease_seconds=_positive(merged, "LEASE_SECONDS"),
+                blocked_retry_seconds=_positive(merged, "BLOCKED_RETRY_SECONDS"),
+                pending_resend_seconds=_positive(merged, "PENDING_RESEND_SECONDS"),
             )
         return self._config
 
@@ -224,10 +257,8 @@ class Engine:
         workflow's quota for this start. Raises :class:`ConcurrencyLimitError` when the
         quota is full; then nothing is created and nothing is sent.
         """
-        definition = self.definition(workflow)
-        input = json_copy(input, f"the input of workflow {definition.name!r}")
-        option = quotas.for_start(concurrency) if concurrency is not None else None
-        quota = quotas.resolve(option or definition.concurrency, input, definition.name)
+        definition, input, concurrency = self._prepare(workflow, input, concurrency)
+        quota = quotas.resolve(concurrency, input, definition.name)
         return self._start(definition, input, quota, run_id, tags, namespace)
 
     async def astart(
@@ -241,11 +272,36 @@ class Engine:
         namespace: str | None = None,
     ) -> RunHandle:
         """``start`` for async code; an async limit function is awaited on the loop."""
+        definition, input, concurrency = self._prepare(workflow, input, concurrency)
+        quota = await quotas.aresolve(concurrency, input, definition.name)
+        return await sync_to_async(self._start)(definition, input, quota, run_id, tags, namespace)
+
+    def start_child(
+        self,
+        parent: RunRecord,
+        workflow: Any,
+        input: Any,
+        run_id: str,
+        *,
+        concurrency: quotas.ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+    ) -> RunHandle:
+        """Start a child of ``parent``, in its namespace, under the child's quota."""
+        definition, input, concurrency = self._prepare(workflow, input, concurrency)
+        quota = quotas.resolve(concurrency, input, definition.name)
+        return self._start(
+            definition, input, quota, run_id, tags, parent.namespace, parent_id=parent.run_id
+        )
+
+    def _prepare(
+        self, workflow: Any, input: Any, concurrency: quotas.ConcurrencyOption
+    ) -> tuple[WorkflowDefinition, Any, quotas.Concurrency | None]:
+        """The definition, the input as JSON, and the quota that applies (a per-start
+        one replaces the workflow's)."""
         definition = self.definition(workflow)
         input = json_copy(input, f"the input of workflow {definition.name!r}")
         option = quotas.for_start(concurrency) if concurrency is not None else None
-        quota = await quotas.aresolve(option or definition.concurrency, input, definition.name)
-        return await sync_to_async(self._start)(definition, input, quota, run_id, tags, namespace)
+        return definition, input, option or definition.concurrency
 
     def _start(
         self,
@@ -283,9 +339,15 @@ class Engine:
             attempt=attempt,
         )
         outcome = self._store_start(run, quota, explicit_id)
-        if outcome.created and config.enqueue and config.store.is_shared:
-            config.store.on_commit(lambda: send_run(run_id, queue))
+        if outcome.created:
+            self._send(run_id, queue)
         return RunHandle(self, run_id, outcome.workflow, outcome.created)
+
+    def _send(self, run_id: str, queue: str) -> None:
+        """Have a worker execute the run once the current transaction commits."""
+        config = self.config
+        if config.enqueue and config.store.is_shared:
+            config.store.on_commit(lambda: send_run(run_id, queue))
 
     def _store_start(
         self, run: NewRun, quota: quotas.Quota | None, check_existing: bool
@@ -299,6 +361,128 @@ class Engine:
         return start_with_primitives(
             store, run, quota, check_existing=check_existing, read_namespace=self.read_namespace
         )
+
+    # waking, signals, cancel and retry ----------------------------------------------
+
+    def wake(self, run_id: str) -> bool:
+        """Make a suspended run pending and send it to a worker; False if it was not
+        suspended. Waking a run early is harmless: it replays and suspends again."""
+        run = self.store.get_run(run_id)
+        if run is None:
+            return False
+        woken = self.store.transition(
+            run_id, [RunStatus.SUSPENDED], RunStatus.PENDING, wake_at=None
+        )
+        if woken:
+            self._send(run_id, run.queue)
+        return woken
+
+    def signal(self, token: str, payload: Any = None) -> None:
+        """Deliver ``payload`` to the run waiting on ``token``, or keep it for the first
+        run that will. One signal is taken by one wait."""
+        validate_text(token, "signal token", MAX_RUN_ID_LENGTH)
+        payload = json_copy(payload, f"the payload of signal {token!r}")
+        self.store.send_signal(token, payload)
+        for run in self.store.runs_waiting_on_signal(token):
+            self.wake(run.run_id)
+
+    def cancel(self, run_id: str) -> bool:
+        """Cancel a run that has not ended; its slot frees at once. Returns False when
+        the run had already ended. A worker executing it stops at its next durable call."""
+        run = self.get_run(run_id)
+        cancelled = self.store.transition(
+            run_id,
+            ACTIVE_STATUSES,
+            RunStatus.CANCELLED,
+            finished_at=timezone.now(),
+            lease_owner="",
+            lease_expires_at=None,
+            wake_at=None,
+            error={"type": "cancelled", "message": "cancelled"},
+        )
+        if cancelled and run.parent_id:
+            self.wake(run.parent_id)
+        return cancelled
+
+    def retry(self, run_id: str, *, concurrency: quotas.ConcurrencyOption = None) -> RunHandle:
+        """Start a failed run again as a new attempt, through the quota like any start.
+
+        Its completed steps are replayed, its failed ones executed again. The quota is the
+        workflow's (resolved for the run's input) unless ``concurrency`` replaces it.
+        Raises :class:`ConcurrencyLimitError` when the quota is full, and
+        :class:`DurableError` when the run has not failed.
+        """
+        run = self.get_run(run_id)
+        if run.status != RunStatus.FAILED:
+            raise DurableError(f"only a failed run can be retried; run {run_id!r} is {run.status}")
+        definition = self.registry.get(run.workflow, run.version) or self.registry.latest(
+            run.workflow
+        )
+        option = quotas.for_start(concurrency) if concurrency is not None else None
+        quota = quotas.resolve(option or definition.concurrency, run.input, run.workflow)
+        store = self.store
+        with quota_transaction(store, quota):
+            if quota is not None:
+                check_quota(store, quota, run.workflow, self.read_namespace)
+            restarted = store.transition(
+                run_id,
+                [RunStatus.FAILED],
+                RunStatus.PENDING,
+                attempt=run.attempt + 1,
+                output=None,
+                error=None,
+                finished_at=None,
+                wake_at=None,
+                wait=None,
+            )
+            if not restarted:
+                raise DurableError(f"run {run_id!r} changed while it was being retried")
+            store.forget_failed_steps(run_id)
+            store.set_quota_tag(run_id, quota.tag if quota else None)
+        self._send(run_id, run.queue)
+        return RunHandle(self, run_id, run.workflow, True)
+
+    # the tick -------------------------------------------------------------------------
+
+    def tick(self, now: datetime.datetime | None = None, *, limit: int = 1000) -> TickResult:
+        """Hand on what is due: wake runs whose timer is due, hand runs whose worker died
+        (lease lapsed) and blocked runs to a worker again, and send again runs whose
+        message seems lost. Idempotent, and safe from several processes at once: each
+        hand-on is a conditional update that only one ticker wins."""
+        now = now or timezone.now()
+        config = self.config
+        store = self.store
+        pending_before = now - datetime.timedelta(seconds=config.pending_resend_seconds)
+        counts = {"woken": 0, "recovered": 0, "unblocked": 0, "resent": 0}
+        for run in store.due_runs(now, pending_before, limit):
+            if run.status == RunStatus.SUSPENDED:
+                kind = "woken"
+                moved = store.transition(run.run_id, [run.status], RunStatus.PENDING, wake_at=None)
+            elif run.status == RunStatus.BLOCKED:
+                kind = "unblocked"
+                moved = store.transition(run.run_id, [run.status], RunStatus.PENDING, wake_at=None)
+            elif run.status == RunStatus.RUNNING:
+                kind = "recovered"
+                moved = store.transition(
+                    run.run_id,
+                    [RunStatus.RUNNING],
+                    RunStatus.PENDING,
+                    lease_expired_before=now,
+                    lease_owner="",
+                    lease_expires_at=None,
+                )
+            else:
+                kind = "resent"
+                moved = store.transition(
+                    run.run_id,
+                    [RunStatus.PENDING],
+                    RunStatus.PENDING,
+                    updated_before=pending_before,
+                )
+            if moved:
+                counts[kind] += 1
+                self._send(run.run_id, run.queue)
+        return TickResult(**counts)
 
     # reading ------------------------------------------------------------------------
 
@@ -373,6 +557,13 @@ class Engine:
         from .execution import execute_run
 
         return execute_run(self, run_id)
+
+
+def _positive(options: dict[str, Any], name: str) -> float:
+    value = options[name]
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"DURABLE[{name!r}] must be a positive number of seconds, not {value!r}")
+    return float(value)
 
 
 def _check_statuses(statuses: Collection[str] | None) -> list[str] | None:

@@ -1,35 +1,73 @@
-"""One turn of a run: replay its recorded steps, run the new ones, record how it ends."""
+"""One turn of a run: replay its recorded steps, run the new ones, suspend or finish.
+
+A run's body replays from the top on every turn. Each durable call (``ctx.step``,
+``ctx.sleep``, ``ctx.wait_for_signal``, ``ctx.child`` ...) takes the next position; what
+it did is recorded at that position, and a replay returns the recording instead of doing
+it again. A call that must wait raises :class:`Suspend`, which ends the turn with the run
+``suspended`` until a timer, a signal or a child wakes it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime
+import os
+import socket
+import threading
 import traceback
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from django.db import connections
 from django.utils import timezone
 
-from .errors import DurableError
+from .errors import ChildWorkflowError, ConcurrencyLimitError, DurableError
 from .serialization import json_copy
-from .status import RunStatus
+from .status import TERMINAL_STATUSES, RunStatus
 from .stores.base import RunRecord, StepRecord
 
 if TYPE_CHECKING:
-    from .engines import Engine
+    from .engines import Engine, RunHandle
+
+#: The context of the body running in this thread (or task), if any.
+current_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
+    "durable_django_context", default=None
+)
 
 
 class NonDeterminismError(DurableError):
-    """A replay reached a different step than the one recorded at that position."""
+    """A replay reached a different durable call than the one recorded at that position."""
 
 
 class StepError(DurableError):
-    """A recorded step failed; replaying it raises this with the recorded error."""
+    """A step failed (after its retries); ``error`` holds the recorded type and message."""
 
-    def __init__(self, name: str, error: Any) -> None:
+    def __init__(self, name: str, error: dict[str, Any]) -> None:
         self.name = name
         self.error = error
-        message = error.get("message") if isinstance(error, dict) else error
-        super().__init__(f"step {name!r} failed: {message}")
+        super().__init__(f"step {name!r} failed: {error.get('type')}: {error.get('message')}")
+
+
+class SignalTimeout(DurableError, TimeoutError):
+    """``ctx.wait_for_signal`` ran out of time before a signal came."""
+
+
+class Suspend(BaseException):
+    """Ends the turn: the run waits for ``wait`` (until ``wake_at``, when given).
+
+    A ``BaseException`` so that a body's ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self, wait: dict[str, Any], wake_at: datetime.datetime | None = None) -> None:
+        self.wait = wait
+        self.wake_at = wake_at
+        super().__init__(wait)
+
+
+class LeaseLost(BaseException):
+    """The worker no longer holds the run (cancelled, or its lease was handed on)."""
 
 
 def error_payload(error: BaseException) -> dict[str, Any]:
@@ -41,82 +79,399 @@ def error_payload(error: BaseException) -> dict[str, Any]:
     }
 
 
-class Context:
-    """What a workflow body receives as ``ctx``: durable steps and recorded time."""
+def refusal_payload(error: ConcurrencyLimitError) -> dict[str, Any]:
+    """A quota refusal as JSON, so a replay can raise the same refusal."""
+    return {
+        **error_payload(error),
+        "workflow": error.workflow,
+        "key": error.key,
+        "limit": error.limit,
+        "active": error.active,
+    }
 
-    def __init__(self, engine: Engine, run: RunRecord, steps: list[StepRecord]) -> None:
+
+def _refusal_from(payload: dict[str, Any]) -> ConcurrencyLimitError:
+    return ConcurrencyLimitError(
+        payload["workflow"], payload["key"], payload["limit"], payload["active"]
+    )
+
+
+def _backoff_seconds(backoff: float | Callable[[int], float], attempt: int) -> float:
+    if callable(backoff):
+        return float(backoff(attempt))
+    return float(backoff) * (2 ** (attempt - 1))
+
+
+class Context:
+    """What a workflow body receives as ``ctx``: its durable calls and its run's identity."""
+
+    def __init__(self, engine: Engine, run: RunRecord, steps: list[StepRecord], owner: str) -> None:
         self.engine = engine
         self.run = run
+        self.owner = owner
         self._recorded = {step.position: step for step in steps}
         self._position = 0
+        self.lease_lost = threading.Event()
 
     @property
     def run_id(self) -> str:
+        """The id of the run being executed."""
         return self.run.run_id
 
-    def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn(*args, **kwargs)`` once and record its JSON result; replay the record."""
+    @property
+    def input(self) -> Any:
+        """The run's input."""
+        return self.run.input
+
+    # positions ----------------------------------------------------------------------
+
+    def _next(self, name: str) -> tuple[int, StepRecord | None]:
+        if self.lease_lost.is_set():
+            raise LeaseLost(self.run_id)
         position = self._position
         self._position += 1
         recorded = self._recorded.get(position)
+        if recorded is not None and recorded.name != name:
+            raise NonDeterminismError(
+                f"run {self.run_id!r}: position {position} was recorded as {recorded.name!r} "
+                f"but the body now calls {name!r}; a body must make its durable calls in "
+                f"the same order on every replay"
+            )
+        return position, recorded
+
+    def _record(self, step: StepRecord, *, replace: bool = False) -> None:
+        self.engine.store.record_step(self.run_id, step, replace=replace)
+        self._recorded[step.position] = step
+
+    def _once(self, name: str, make: Callable[[], Any]) -> Any:
+        """Record ``make()`` at the next position the first time; replay it after."""
+        position, recorded = self._next(name)
         if recorded is not None:
-            if recorded.name != name:
-                raise NonDeterminismError(
-                    f"run {self.run_id!r}: step {position} was recorded as {recorded.name!r} "
-                    f"but the body now calls {name!r}; a body must call its steps in the "
-                    f"same order on every replay"
-                )
-            if recorded.error is not None:
-                raise StepError(name, recorded.error)
             return recorded.result
+        result = json_copy(make(), f"the result of {name!r}")
+        self._record(StepRecord(position, name, result=result))
+        return result
+
+    # durable calls ------------------------------------------------------------------
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retries: int = 0,
+        backoff: float | Callable[[int], float] = 1.0,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` once and record its JSON result; replay the record.
+
+        A failure is retried up to ``retries`` times, waiting ``backoff`` seconds (doubled
+        at each attempt; or ``backoff(attempt)``) on a durable timer, not in the worker.
+        A step that fails for good raises :class:`StepError`, on this turn and on replays.
+        """
+        position, recorded = self._next(name)
+        attempt = 1
+        if recorded is not None:
+            if recorded.error is None:
+                return recorded.result
+            retry_at = recorded.error.get("retry_at")
+            if retry_at is None:
+                raise StepError(name, recorded.error)
+            wake_at = datetime.datetime.fromisoformat(retry_at)
+            if timezone.now() < wake_at:
+                raise Suspend({"retry": name}, wake_at)
+            attempt = recorded.error.get("attempts", 1) + 1
         try:
             result = json_copy(fn(*args, **kwargs), f"the result of step {name!r}")
         except Exception as error:
-            self._record(StepRecord(position, name, error=error_payload(error)))
-            raise
-        self._record(StepRecord(position, name, result=result))
+            failure = {**error_payload(error), "attempts": attempt, "retry_at": None}
+            if attempt <= retries:
+                wake_at = timezone.now() + datetime.timedelta(
+                    seconds=_backoff_seconds(backoff, attempt)
+                )
+                failure["retry_at"] = wake_at.isoformat()
+                self._record(StepRecord(position, name, error=failure), replace=attempt > 1)
+                raise Suspend({"retry": name}, wake_at) from None
+            self._record(StepRecord(position, name, error=failure), replace=attempt > 1)
+            raise StepError(name, failure) from error
+        self._record(StepRecord(position, name, result=result), replace=attempt > 1)
         return result
 
     def now(self) -> datetime.datetime:
         """The current time, recorded once and replayed verbatim."""
-        stamp = self.step("durable.now", lambda: timezone.now().isoformat())
-        return datetime.datetime.fromisoformat(stamp)
+        return datetime.datetime.fromisoformat(
+            self._once("durable.now", lambda: timezone.now().isoformat())
+        )
 
-    def _record(self, step: StepRecord) -> None:
-        self.engine.store.record_step(self.run_id, step)
-        self._recorded[step.position] = step
+    def sleep(self, duration: float | datetime.timedelta) -> None:
+        """Suspend the run until ``duration`` has passed; no worker is held meanwhile."""
+        seconds = duration.total_seconds() if isinstance(duration, datetime.timedelta) else duration
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise TypeError(f"ctx.sleep takes seconds or a timedelta, not {duration!r}")
+        until = datetime.datetime.fromisoformat(
+            self._once(
+                "durable.sleep",
+                lambda: (timezone.now() + datetime.timedelta(seconds=seconds)).isoformat(),
+            )
+        )
+        if timezone.now() < until:
+            raise Suspend({"sleep": until.isoformat()}, until)
+
+    def wait_for_signal(self, token: str, timeout: float | None = None) -> Any:
+        """Suspend until ``engine.signal(token, payload)``; return the payload.
+
+        A signal sent before the wait is kept for it. With ``timeout`` (seconds), raises
+        :class:`SignalTimeout` when none came in time.
+        """
+        if not isinstance(token, str) or not token:
+            raise ValueError(f"a signal token must be a non-empty str, not {token!r}")
+        name = f"durable.signal:{token}"
+        deadline_text = self._once(
+            name,
+            lambda: (
+                None
+                if timeout is None
+                else (timezone.now() + datetime.timedelta(seconds=timeout)).isoformat()
+            ),
+        )
+        position, recorded = self._next(name)
+        if recorded is None:
+            step = StepRecord(position, name)
+            found, payload = self.engine.store.take_signal(self.run_id, token, step)
+            if found:
+                self._recorded[position] = StepRecord(position, name, result=payload)
+                return payload
+            deadline = (
+                None if deadline_text is None else datetime.datetime.fromisoformat(deadline_text)
+            )
+            if deadline is not None and timezone.now() >= deadline:
+                recorded = StepRecord(position, name, error={"timeout": timeout})
+                self._record(recorded)
+            else:
+                raise Suspend({"signal": token}, deadline)
+        if recorded.error is not None:
+            raise SignalTimeout(f"no signal {token!r} came within {recorded.error['timeout']}s")
+        return recorded.result
+
+    def start_child(
+        self, workflow: Any, input: Any = None, child_id: str | None = None, **options: Any
+    ) -> str:
+        """Start a child run and go on; returns its run id.
+
+        ``child_id`` defaults to one made from this run's id and the call's position.
+        ``concurrency=`` and ``tags=`` work as on any start. A start refused by the
+        child's quota raises :class:`ChildWorkflowError` (``cause``: the refusal).
+        """
+        return self._start_child(workflow, input, child_id, options)[0]
+
+    def start_child_handle(
+        self, workflow: Any, input: Any = None, child_id: str | None = None, **options: Any
+    ) -> RunHandle:
+        """``start_child``, returning the child's handle (``Wf.dispatch`` in a body)."""
+        from .engines import RunHandle
+
+        run_id, created = self._start_child(workflow, input, child_id, options)
+        return RunHandle(self.engine, run_id, self.engine.definition(workflow).name, created)
+
+    def child(
+        self, workflow: Any, input: Any = None, child_id: str | None = None, **options: Any
+    ) -> Any:
+        """Start a child run, suspend until it settles, and return its output.
+
+        Raises :class:`ChildWorkflowError` when the child failed or was cancelled, or when
+        its start was refused by its quota (``cause`` is the ``ConcurrencyLimitError``).
+        """
+        run_id, _ = self._start_child(workflow, input, child_id, options)
+        child = self.engine.store.get_run(run_id)
+        if child is None or child.status not in TERMINAL_STATUSES:
+            raise Suspend({"child": run_id})
+        if child.status == RunStatus.COMPLETED:
+            return child.output
+        message = (child.error or {}).get("message", child.status)
+        raise ChildWorkflowError(
+            f"child run {run_id!r} ({child.workflow}) ended {child.status}: {message}",
+            child_id=run_id,
+            cause=child.error,
+        )
+
+    def _start_child(
+        self, workflow: Any, input: Any, child_id: str | None, options: dict[str, Any]
+    ) -> tuple[str, bool]:
+        definition = self.engine.definition(workflow)
+        name = f"durable.child:{definition.name}"
+        position, recorded = self._next(name)
+        if recorded is None:
+            run_id = child_id if child_id is not None else f"{self.run_id}/{position}"
+            try:
+                handle = self.engine.start_child(self.run, definition, input, run_id, **options)
+            except ConcurrencyLimitError as error:
+                recorded = StepRecord(position, name, error=refusal_payload(error))
+            else:
+                recorded = StepRecord(
+                    position, name, result={"child_id": run_id, "created": handle.created}
+                )
+            self._record(recorded)
+        if recorded.error is not None:
+            refusal = _refusal_from(recorded.error)
+            raise ChildWorkflowError(
+                f"child workflow {definition.name!r} was refused: {refusal}",
+                cause=refusal,
+            )
+        return recorded.result["child_id"], recorded.result["created"]
+
+
+def worker_id() -> str:
+    """A name for this worker thread, unique enough to tell leases apart."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:8]}"
+
+
+@contextlib.contextmanager
+def _lease_kept(engine: Engine, context: Context, seconds: float) -> Iterator[None]:
+    """Renew the run's lease every third of its length while the body runs."""
+    if not engine.store.is_shared:
+        yield
+        return
+    done = threading.Event()
+
+    def renew() -> None:
+        try:
+            while not done.wait(seconds / 3):
+                renewed = engine.store.transition(
+                    context.run_id,
+                    [RunStatus.RUNNING],
+                    RunStatus.RUNNING,
+                    owner=context.owner,
+                    lease_expires_at=timezone.now() + datetime.timedelta(seconds=seconds),
+                )
+                if not renewed:
+                    context.lease_lost.set()
+                    return
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=renew, name=f"lease {context.run_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def execute_run(engine: Engine, run_id: str) -> bool:
-    """Claim a pending run, run its body to the end, and record the outcome.
+    """Claim a pending run, replay its body, and suspend or finish it.
 
     Returns False when the run was not waiting for a worker (another took it, or it
     ended). A run whose workflow version this process does not have is ``blocked``.
     """
     store = engine.store
-    run = store.claim_run(run_id, (RunStatus.PENDING,))
-    if run is None:
+    config = engine.config
+    owner = worker_id()
+    now = timezone.now()
+    lease = datetime.timedelta(seconds=config.lease_seconds)
+    claimed = store.transition(
+        run_id,
+        [RunStatus.PENDING],
+        RunStatus.RUNNING,
+        lease_owner=owner,
+        lease_expires_at=now + lease,
+        started_at=now,
+        wake_at=None,
+    )
+    if not claimed:
         return False
+    run = store.get_run(run_id)
+    assert run is not None
     definition = engine.registry.get(run.workflow, run.version)
     if definition is None or definition.body is None:
-        store.set_status(
+        store.transition(
             run_id,
+            [RunStatus.RUNNING],
             RunStatus.BLOCKED,
+            owner=owner,
+            lease_owner="",
+            lease_expires_at=None,
+            wake_at=now + datetime.timedelta(seconds=config.blocked_retry_seconds),
             blocked_reason=(
                 f"workflow {run.workflow!r} version {run.version!r} is not registered "
                 f"for execution in this process"
             ),
         )
         return True
-    context = Context(engine, run, store.get_steps(run_id))
+    context = Context(engine, run, store.get_steps(run_id), owner)
+    token = current_context.set(context)
+    try:
+        with _lease_kept(engine, context, config.lease_seconds):
+            status, fields = _run_body(definition.body, context)
+    except LeaseLost:
+        return True
+    finally:
+        current_context.reset(token)
+    finished = store.transition(
+        run_id,
+        [RunStatus.RUNNING],
+        status,
+        owner=owner,
+        lease_owner="",
+        lease_expires_at=None,
+        blocked_reason="",
+        **fields,
+    )
+    if finished:
+        _after_turn(engine, run, status, fields.get("wait"))
+    return True
+
+
+def _run_body(body: Callable[[Any, Any], Any], context: Context) -> tuple[str, dict[str, Any]]:
     try:
         output = json_copy(
-            definition.body(context, run.input), f"the output of workflow {run.workflow!r}"
+            body(context, context.input), f"the output of workflow {context.run.workflow!r}"
         )
+    except Suspend as suspend:
+        return RunStatus.SUSPENDED, {"wait": suspend.wait, "wake_at": suspend.wake_at}
+    except StepError as error:
+        # The run fails with what failed in the step, and says which step it was.
+        failure = {**error.error, "step": error.name}
+        failure.pop("retry_at", None)
+        return RunStatus.FAILED, {"error": failure, "finished_at": timezone.now()}
     except Exception as error:
-        store.set_status(
-            run_id, RunStatus.FAILED, error=error_payload(error), finished_at=timezone.now()
-        )
-    else:
-        store.set_status(run_id, RunStatus.COMPLETED, output=output, finished_at=timezone.now())
-    return True
+        return RunStatus.FAILED, {"error": error_payload(error), "finished_at": timezone.now()}
+    return RunStatus.COMPLETED, {
+        "output": output,
+        "error": None,
+        "finished_at": timezone.now(),
+        "wait": None,
+    }
+
+
+def _after_turn(engine: Engine, run: RunRecord, status: str, wait: Any) -> None:
+    """Wake whoever this turn's end concerns, closing the races with signals and children.
+
+    A parent is woken when its child ends. A run that just suspended on a signal already
+    sent, or on a child already ended, wakes itself: the sender or the child may have
+    looked for it a moment before it was suspended.
+    """
+    if status in TERMINAL_STATUSES:
+        if run.parent_id:
+            engine.wake(run.parent_id)
+        return
+    if status != RunStatus.SUSPENDED or not wait:
+        return
+    if "signal" in wait and engine.store.has_signal(wait["signal"]):
+        engine.wake(run.run_id)
+    elif "child" in wait:
+        child = engine.store.get_run(wait["child"])
+        if child is not None and child.status in TERMINAL_STATUSES:
+            engine.wake(run.run_id)
+
+
+__all__ = [
+    "Context",
+    "LeaseLost",
+    "NonDeterminismError",
+    "SignalTimeout",
+    "StepError",
+    "Suspend",
+    "current_context",
+    "execute_run",
+]

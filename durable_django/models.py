@@ -45,6 +45,20 @@ class Run(models.Model):
     updated_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    wake_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a suspended or blocked run is due again."
+    )
+    wait = models.JSONField(null=True, blank=True, help_text="What a suspended run waits for.")
+    lease_owner = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The worker executing the run.",
+    )
+    lease_expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="A running run whose lease lapsed is handed on."
+    )
 
     objects = RunQuerySet.as_manager()
 
@@ -58,6 +72,8 @@ class Run(models.Model):
             models.Index(fields=["workflow", "status"], name="durable_run_workflow_idx"),
             models.Index(fields=["namespace", "status"], name="durable_run_namespace_idx"),
             models.Index(fields=["created_at"], name="durable_run_created_idx"),
+            models.Index(fields=["status", "wake_at"], name="durable_run_wake_idx"),
+            models.Index(fields=["status", "lease_expires_at"], name="durable_run_lease_idx"),
         ]
         constraints = [
             models.CheckConstraint(
@@ -136,6 +152,29 @@ class Step(models.Model):
 
     def __str__(self) -> str:
         return f"{self.position}: {self.name}"
+
+
+class Signal(models.Model):
+    """A payload sent to a token, kept until a run waiting on that token takes it."""
+
+    token = models.CharField(max_length=255)
+    payload = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    consumed_by = models.CharField(
+        max_length=255, blank=True, default="", db_default="", help_text="The run that took it."
+    )
+    consumed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "durable_signal"
+        verbose_name = "signal"
+        verbose_name_plural = "signals"
+        indexes = [
+            models.Index(fields=["token", "consumed_by", "id"], name="durable_signal_token_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.token
 
 
 class QuotaLock(models.Model):

@@ -11,3 +11,23 @@ def execute_run(run_id: str) -> None:
     from .engines import default_engine
 
     default_engine.execute(run_id)
+
+
+@shared_task(name="durable_django.tick", ignore_result=True, serializer="json")
+def tick() -> dict[str, int]:
+    """Run ``engine.tick()`` on the default engine; schedule it with Celery beat."""
+    from .engines import default_engine
+
+    result = default_engine.tick()
+    return {
+        "woken": result.woken,
+        "recovered": result.recovered,
+        "unblocked": result.unblocked,
+        "resent": result.resent,
+    }
+
+
+def beat_schedule(seconds: float = 5.0) -> dict[str, dict[str, object]]:
+    """A Celery beat entry running the tick every ``seconds``:
+    ``app.conf.beat_schedule = {**durable_django.tasks.beat_schedule(), ...}``."""
+    return {"durable-django-tick": {"task": "durable_django.tick", "schedule": seconds}}

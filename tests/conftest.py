@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from durable_django import Engine
+from durable_django import Engine, RunStatus
 from durable_django.registry import Registry
 from durable_django.stores import MemoryStore, OrmStore
 
@@ -33,3 +33,8 @@ def engine(request: pytest.FixtureRequest, registry: Registry, db: None) -> Engi
 
 def echo(ctx, input):
     return {"echo": input}
+
+
+def force_status(engine: Engine, run_id: str, status: str, **fields) -> None:
+    """Put a run in ``status`` whatever it was, as a worker or an operator would."""
+    assert engine.store.transition(run_id, RunStatus.values, status, **fields)

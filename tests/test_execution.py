@@ -8,6 +8,8 @@ from durable_django import Engine, RunFailed, RunStatus
 from durable_django.errors import RunTimeout
 from durable_django.testing import run_until_idle
 
+from .conftest import force_status
+
 
 def test_steps_are_recorded_and_replayed(engine: Engine):
     calls = []
@@ -30,7 +32,7 @@ def test_steps_are_recorded_and_replayed(engine: Engine):
         (1, "fetch", {"n": 2}),
     ]
     # Replaying the run returns the recordings without calling fetch again.
-    engine.store.set_status(handle.run_id, RunStatus.PENDING)
+    force_status(engine, handle.run_id, RunStatus.PENDING)
     assert run_until_idle(engine) == 1
     assert calls == [1, 2]
     assert handle.result() == [{"n": 1}, {"n": 2}]
@@ -45,7 +47,7 @@ def test_a_replay_reaching_another_step_fails_the_run(engine: Engine):
     engine.register("wf", "1", body)
     handle = engine.start("wf", {})
     run_until_idle(engine)
-    engine.store.set_status(handle.run_id, RunStatus.PENDING)
+    force_status(engine, handle.run_id, RunStatus.PENDING)
     run_until_idle(engine)
     run = engine.get_run(handle.run_id)
     assert run.status == "failed"
@@ -88,7 +90,7 @@ def test_ctx_now_is_recorded_once(engine: Engine):
     handle = engine.start("wf", {})
     run_until_idle(engine)
     first = handle.result()
-    engine.store.set_status(handle.run_id, RunStatus.PENDING)
+    force_status(engine, handle.run_id, RunStatus.PENDING)
     run_until_idle(engine)
     assert handle.result() == first
 

@@ -48,12 +48,17 @@ def test_the_count_can_be_fenced_to_a_namespace(db):
 def test_a_status_change_is_copied_to_the_tags_in_one_transaction(db):
     store = OrmStore()
     store.create_run(NewRun("r1", "wf", "1", "default", {}, tags=("a", "concurrency:k")))
-    store.set_status("r1", "suspended")
+    assert store.transition("r1", ["pending"], "suspended")
     assert set(RunTag.objects.filter(run_id="r1").values_list("status", flat=True)) == {"suspended"}
-    assert store.claim_run("r1", ["pending"]) is None
-    store.set_status("r1", "pending")
-    assert store.claim_run("r1", ["pending"]).status == "running"
+    # A transition from a status the run is not in changes nothing.
+    assert not store.transition("r1", ["pending"], "running")
+    assert store.get_run("r1").status == "suspended"
+    assert store.transition("r1", ["suspended"], "pending")
+    assert store.transition("r1", ["pending"], "running", lease_owner="w1")
     assert set(RunTag.objects.values_list("status", flat=True)) == {"running"}
+    # Held by another worker: no change.
+    assert not store.transition("r1", ["running"], "completed", owner="w2")
+    assert store.transition("r1", ["running"], "completed", owner="w1")
 
 
 def test_an_invalid_status_is_refused_by_the_database(db):

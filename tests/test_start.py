@@ -16,7 +16,7 @@ from durable_django.errors import WorkflowNotFound
 from durable_django.stores import MemoryStore
 from durable_django.testing import run_until_idle
 
-from .conftest import echo
+from .conftest import echo, force_status
 
 pytestmark = pytest.mark.quota
 
@@ -103,7 +103,7 @@ def test_count_statuses_narrow_what_holds_a_slot(engine: Engine):
     first = engine.start("wf", {})
     with pytest.raises(ConcurrencyLimitError):
         engine.start("wf", {})
-    engine.store.set_status(first.run_id, RunStatus.SUSPENDED)
+    force_status(engine, first.run_id, RunStatus.SUSPENDED)
     assert engine.start("wf", {}).created
 
 
@@ -111,13 +111,13 @@ def test_every_active_status_holds_a_slot_by_default(engine: Engine):
     engine.register("wf", "1", echo, concurrency={"key": lambda i: "k", "limit": 1})
     first = engine.start("wf", {})
     for status in ("running", "suspended", "blocked"):
-        engine.store.set_status(first.run_id, status)
+        force_status(engine, first.run_id, status)
         with pytest.raises(ConcurrencyLimitError):
             engine.start("wf", {})
     for status in ("completed", "failed", "cancelled"):
-        engine.store.set_status(first.run_id, status)
+        force_status(engine, first.run_id, status)
         second = engine.start("wf", {})
-        engine.store.set_status(second.run_id, "cancelled")
+        force_status(engine, second.run_id, "cancelled")
 
 
 def test_the_key_is_global_across_workflows(engine: Engine):
@@ -141,7 +141,7 @@ def test_a_per_start_quota_replaces_the_workflows_entirely(engine: Engine):
     assert refused.value.key == "override"
     # Its count_statuses too: the default is not merged in.
     run = engine.list_runs(tag="concurrency:override")[0]
-    engine.store.set_status(run.run_id, RunStatus.SUSPENDED)
+    force_status(engine, run.run_id, RunStatus.SUSPENDED)
     engine.start(
         "wf", {}, concurrency={"key": "override", "limit": 2, "count_statuses": ["pending"]}
     )
@@ -241,7 +241,7 @@ def test_count_runs_filters(engine: Engine):
     first = engine.start("wf", {"k": "a"})
     engine.start("wf", {"k": "a"})
     engine.start("wf", {"k": "b"})
-    engine.store.set_status(first.run_id, RunStatus.COMPLETED)
+    force_status(engine, first.run_id, RunStatus.COMPLETED)
     assert engine.count_runs(tag="concurrency:a") == 2
     assert engine.count_runs(tag="concurrency:a", statuses=["pending"]) == 1
     assert engine.count_runs(statuses=["pending"]) == 2

@@ -1,7 +1,14 @@
 """The store contract: what the engine needs from the place runs are kept.
 
-A store keeps runs, their tags and their recorded steps. The engine talks to it only
-through :class:`Store`; ``OrmStore`` (the default) and ``MemoryStore`` implement it.
+A store keeps runs, their tags, their recorded steps and the signals sent to them. The
+engine talks to it only through :class:`Store`; ``OrmStore`` (the default) and
+``MemoryStore`` implement it.
+
+Every change of a run's status goes through ``transition``: a conditional update (the
+run must be in one of ``from_statuses``, and optionally held by a given worker) that
+changes the run and its tags' copy of the status together, and says whether it happened.
+That one primitive makes claiming, finishing, waking, cancelling and recovering runs safe
+when several workers and tickers race.
 
 Two parts are optional:
 
@@ -64,6 +71,10 @@ class RunRecord:
     updated_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    wake_at: datetime | None = None
+    wait: Any = None
+    lease_owner: str = ""
+    lease_expires_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,17 +120,52 @@ class Store(Protocol):
     ) -> list[RunRecord]:
         """Runs matching every filter given, newest first."""
 
-    def claim_run(self, run_id: str, from_statuses: Collection[str]) -> RunRecord | None:
-        """Atomically move the run to ``running`` if its status is one of ``from_statuses``."""
+    def transition(
+        self,
+        run_id: str,
+        from_statuses: Collection[str],
+        status: str,
+        *,
+        owner: str | None = None,
+        lease_expired_before: datetime | None = None,
+        updated_before: datetime | None = None,
+        **fields: Any,
+    ) -> bool:
+        """Set ``status`` and ``fields`` if the run is in ``from_statuses`` (and, when given,
+        held by ``owner``, with a lease expired before ``lease_expired_before``, last
+        updated before ``updated_before``); the tags' status copy changes with it, at once.
+        Returns whether the run changed."""
 
-    def set_status(self, run_id: str, status: str, **fields: Any) -> None:
-        """Change a run's status (and its tags' copy of it) and the given fields at once."""
+    def due_runs(self, now: datetime, pending_before: datetime, limit: int) -> list[RunRecord]:
+        """Runs the tick must hand on: suspended or blocked ones due at ``now``, running ones
+        whose lease expired, pending ones untouched since ``pending_before``."""
 
     def get_steps(self, run_id: str) -> list[StepRecord]:
         """The run's recorded steps, by position."""
 
-    def record_step(self, run_id: str, step: StepRecord) -> None:
-        """Record one step's outcome."""
+    def record_step(self, run_id: str, step: StepRecord, *, replace: bool = False) -> None:
+        """Record one step's outcome; ``replace`` overwrites a recorded failure (a retry).
+
+        Recording a position twice without ``replace`` raises (a duplicate execution)."""
+
+    def forget_failed_steps(self, run_id: str) -> None:
+        """Delete the run's recorded step failures, so a retry executes them again."""
+
+    def set_quota_tag(self, run_id: str, tag: str | None) -> None:
+        """Replace the run's ``concurrency:`` tag with ``tag`` (or none)."""
+
+    def send_signal(self, token: str, payload: Any) -> None:
+        """Keep ``payload`` for the first run that waits on ``token``."""
+
+    def take_signal(self, run_id: str, token: str, step: StepRecord) -> tuple[bool, Any]:
+        """Consume the oldest signal kept for ``token`` and record it as ``step`` (its
+        payload as the result), in one transaction. Returns ``(found, payload)``."""
+
+    def has_signal(self, token: str) -> bool:
+        """Whether a signal is kept for ``token``."""
+
+    def runs_waiting_on_signal(self, token: str) -> list[RunRecord]:
+        """Suspended runs waiting on ``token``."""
 
     def atomic(self) -> AbstractContextManager[Any]:
         """A transaction; nested calls join the outer one."""
@@ -136,9 +182,19 @@ def count_active(store: Any, tag: str, statuses: Sequence[str], namespace: str |
     return len(store.list_runs(tag=tag, statuses=statuses, namespace=namespace))
 
 
-def _quota_lock(store: Any, key: str) -> AbstractContextManager[Any]:
+def quota_transaction(store: Any, quota: Quota | None) -> AbstractContextManager[Any]:
+    """A transaction that holds ``quota``'s key lock (just a transaction without a quota)."""
+    if quota is None:
+        return store.atomic()
     lock = getattr(store, "quota_lock", None)
-    return lock(key) if lock is not None else store.atomic()
+    return lock(quota.key) if lock is not None else store.atomic()
+
+
+def check_quota(store: Any, quota: Quota, workflow: str, read_namespace: str | None) -> None:
+    """Raise :class:`ConcurrencyLimitError` when ``quota``'s key holds ``limit`` runs."""
+    active = count_active(store, quota.tag, quota.count_statuses, read_namespace)
+    if active >= quota.limit:
+        raise ConcurrencyLimitError(workflow, quota.key, quota.limit, active)
 
 
 def existing_outcome(
@@ -173,14 +229,12 @@ def start_with_primitives(
     then the quota's key is locked and its active runs counted; then the run is inserted.
     Raises :class:`ConcurrencyLimitError` when the count has reached the limit.
     """
-    with _quota_lock(store, quota.key) if quota is not None else store.atomic():
+    with quota_transaction(store, quota):
         if check_existing:
             existing = store.get_run(run.run_id)
             if existing is not None:
                 return existing_outcome(run, existing.workflow, existing.namespace, read_namespace)
         if quota is not None:
-            active = count_active(store, quota.tag, quota.count_statuses, read_namespace)
-            if active >= quota.limit:
-                raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, active)
+            check_quota(store, quota, run.workflow, read_namespace)
         store.create_run(run)
     return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)

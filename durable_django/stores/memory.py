@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
 
+from ..concurrency import TAG_PREFIX
 from ..status import RunStatus
 from .base import NewRun, RunRecord, StepRecord
 
@@ -27,6 +29,7 @@ class MemoryStore:
         self._lock = threading.RLock()
         self._runs: dict[str, RunRecord] = {}
         self._steps: dict[str, dict[int, StepRecord]] = {}
+        self._signals: dict[str, list[Any]] = {}
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
@@ -93,26 +96,99 @@ class MemoryStore:
     ) -> int:
         return len(self.list_runs(tag=tag, statuses=statuses, namespace=namespace))
 
-    def claim_run(self, run_id: str, from_statuses: Collection[str]) -> RunRecord | None:
+    def transition(
+        self,
+        run_id: str,
+        from_statuses: Collection[str],
+        status: str,
+        *,
+        owner: str | None = None,
+        lease_expired_before: datetime | None = None,
+        updated_before: datetime | None = None,
+        **fields: Any,
+    ) -> bool:
         with self._lock:
             run = self._runs.get(run_id)
-            if run is None or run.status not in from_statuses:
-                return None
-            now = timezone.now()
-            claimed = replace(run, status=RunStatus.RUNNING.value, started_at=now, updated_at=now)
-            self._runs[run_id] = claimed
-            return claimed
+            if (
+                run is None
+                or run.status not in from_statuses
+                or (owner is not None and run.lease_owner != owner)
+                or (
+                    lease_expired_before is not None
+                    and (
+                        run.lease_expires_at is None or run.lease_expires_at >= lease_expired_before
+                    )
+                )
+                or (updated_before is not None and run.updated_at >= updated_before)
+            ):
+                return False
+            self._runs[run_id] = dataclasses.replace(
+                run, status=status, updated_at=timezone.now(), **fields
+            )
+            return True
 
-    def set_status(self, run_id: str, status: str, **fields: Any) -> None:
+    def due_runs(self, now: datetime, pending_before: datetime, limit: int) -> list[RunRecord]:
         with self._lock:
-            run = self._runs[run_id]
-            self._runs[run_id] = replace(run, status=status, updated_at=timezone.now(), **fields)
+            due = [
+                run
+                for run in self._runs.values()
+                if (run.status in ("suspended", "blocked") and run.wake_at and run.wake_at <= now)
+                or (
+                    run.status == "running"
+                    and run.lease_expires_at is not None
+                    and run.lease_expires_at < now
+                )
+                or (run.status == "pending" and run.updated_at < pending_before)
+            ]
+        return due[:limit]
 
     def get_steps(self, run_id: str) -> list[StepRecord]:
         with self._lock:
             steps = self._steps.get(run_id, {})
             return [steps[position] for position in sorted(steps)]
 
-    def record_step(self, run_id: str, step: StepRecord) -> None:
+    def record_step(self, run_id: str, step: StepRecord, *, replace: bool = False) -> None:
         with self._lock:
-            self._steps.setdefault(run_id, {})[step.position] = step
+            steps = self._steps.setdefault(run_id, {})
+            if step.position in steps and not replace:
+                raise ValueError(f"run {run_id!r}: step {step.position} is already recorded")
+            steps[step.position] = step
+
+    def forget_failed_steps(self, run_id: str) -> None:
+        with self._lock:
+            steps = self._steps.get(run_id, {})
+            for position in [p for p, step in steps.items() if step.error is not None]:
+                del steps[position]
+
+    def set_quota_tag(self, run_id: str, tag: str | None) -> None:
+        with self._lock:
+            run = self._runs[run_id]
+            tags = [t for t in run.tags if not t.startswith(TAG_PREFIX)]
+            self._runs[run_id] = dataclasses.replace(
+                run, tags=sorted([*tags, *([tag] if tag else [])])
+            )
+
+    def send_signal(self, token: str, payload: Any) -> None:
+        with self._lock:
+            self._signals.setdefault(token, []).append(payload)
+
+    def take_signal(self, run_id: str, token: str, step: StepRecord) -> tuple[bool, Any]:
+        with self._lock:
+            kept = self._signals.get(token)
+            if not kept:
+                return False, None
+            payload = kept.pop(0)
+            self.record_step(run_id, dataclasses.replace(step, result=payload))
+            return True, payload
+
+    def has_signal(self, token: str) -> bool:
+        with self._lock:
+            return bool(self._signals.get(token))
+
+    def runs_waiting_on_signal(self, token: str) -> list[RunRecord]:
+        with self._lock:
+            return [
+                run
+                for run in self._runs.values()
+                if run.status == "suspended" and (run.wait or {}).get("signal") == token
+            ]

@@ -13,17 +13,20 @@ Starts take one of two paths:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable, Collection, Iterator
+from datetime import datetime
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from ..concurrency import Quota
+from ..concurrency import TAG_PREFIX, Quota
 from ..errors import ConcurrencyLimitError
-from ..models import QuotaLock, Run, RunTag, Step
+from ..models import QuotaLock, Run, RunTag, Signal, Step
 from ..status import RunStatus
 from .base import (
     NewRun,
@@ -33,6 +36,9 @@ from .base import (
     existing_outcome,
     start_with_primitives,
 )
+
+#: What the advisory lock of a quota key hashes: this prefix and the key.
+ADVISORY_LOCK_PREFIX = "durable_django:"
 
 _START_SQL = (
     "SELECT outcome, active, found_workflow, found_namespace FROM durable_start_run("
@@ -67,9 +73,23 @@ class OrmStore:
 
     @contextlib.contextmanager
     def quota_lock(self, key: str) -> Iterator[None]:
-        """One transaction holding the key's lock row until it ends."""
+        """One transaction holding the key's lock until it ends.
+
+        On PostgreSQL the transaction-scoped advisory lock ``durable_start_run`` takes
+        (so both paths serialise against each other); elsewhere the key's lock row,
+        written by an upsert.
+        """
         with transaction.atomic(using=self.using):
-            features = connections[self.using].features
+            connection = connections[self.using]
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                        [ADVISORY_LOCK_PREFIX + key],
+                    )
+                yield
+                return
+            features = connection.features
             QuotaLock.objects.using(self.using).bulk_create(
                 [QuotaLock(key=key, last_start_at=timezone.now())],
                 update_conflicts=True,
@@ -138,7 +158,7 @@ class OrmStore:
 
     def create_run(self, run: NewRun) -> None:
         now = timezone.now()
-        with transaction.atomic(using=self.using):
+        with transaction.atomic(using=self.using, savepoint=False):
             self._runs().create(
                 id=run.run_id,
                 workflow=run.workflow,
@@ -209,25 +229,38 @@ class OrmStore:
             rows = rows.filter(namespace=namespace)
         return rows.count()
 
-    def claim_run(self, run_id: str, from_statuses: Collection[str]) -> RunRecord | None:
-        now = timezone.now()
-        with transaction.atomic(using=self.using):
-            claimed = (
-                self._runs()
-                .filter(pk=run_id, status__in=list(from_statuses))
-                .update(status=RunStatus.RUNNING, started_at=now, updated_at=now)
-            )
-            if not claimed:
-                return None
-            RunTag.objects.using(self.using).filter(run_id=run_id).update(status=RunStatus.RUNNING)
-        return self.get_run(run_id)
+    def transition(
+        self,
+        run_id: str,
+        from_statuses: Collection[str],
+        status: str,
+        *,
+        owner: str | None = None,
+        lease_expired_before: datetime | None = None,
+        updated_before: datetime | None = None,
+        **fields: Any,
+    ) -> bool:
+        rows = self._runs().filter(pk=run_id, status__in=list(from_statuses))
+        if owner is not None:
+            rows = rows.filter(lease_owner=owner)
+        if lease_expired_before is not None:
+            rows = rows.filter(lease_expires_at__lt=lease_expired_before)
+        if updated_before is not None:
+            rows = rows.filter(updated_at__lt=updated_before)
+        with transaction.atomic(using=self.using, savepoint=False):
+            changed = rows.update(status=status, updated_at=timezone.now(), **fields)
+            if changed and set(from_statuses) != {status}:
+                RunTag.objects.using(self.using).filter(run_id=run_id).update(status=status)
+        return bool(changed)
 
-    def set_status(self, run_id: str, status: str, **fields: Any) -> None:
-        with transaction.atomic(using=self.using):
-            self._runs().filter(pk=run_id).update(
-                status=status, updated_at=timezone.now(), **fields
-            )
-            RunTag.objects.using(self.using).filter(run_id=run_id).update(status=status)
+    def due_runs(self, now: datetime, pending_before: datetime, limit: int) -> list[RunRecord]:
+        due = (
+            Q(status__in=[RunStatus.SUSPENDED, RunStatus.BLOCKED], wake_at__lte=now)
+            | Q(status=RunStatus.RUNNING, lease_expires_at__lt=now)
+            | Q(status=RunStatus.PENDING, updated_at__lt=pending_before)
+        )
+        rows = self._runs().filter(due).order_by("updated_at")[:limit]
+        return [_record(row, tags=[]) for row in rows]
 
     def get_steps(self, run_id: str) -> list[StepRecord]:
         rows = Step.objects.using(self.using).filter(run_id=run_id).order_by("position")
@@ -236,14 +269,59 @@ class OrmStore:
             for s in rows
         ]
 
-    def record_step(self, run_id: str, step: StepRecord) -> None:
-        Step.objects.using(self.using).create(
+    def record_step(self, run_id: str, step: StepRecord, *, replace: bool = False) -> None:
+        steps = Step.objects.using(self.using)
+        if replace:
+            steps.filter(run_id=run_id, position=step.position).update(
+                name=step.name, result=step.result, error=step.error, created_at=timezone.now()
+            )
+            return
+        steps.create(
             run_id=run_id,
             position=step.position,
             name=step.name,
             result=step.result,
             error=step.error,
         )
+
+    def forget_failed_steps(self, run_id: str) -> None:
+        Step.objects.using(self.using).filter(run_id=run_id, error__isnull=False).delete()
+
+    def set_quota_tag(self, run_id: str, tag: str | None) -> None:
+        tags = RunTag.objects.using(self.using)
+        with transaction.atomic(using=self.using, savepoint=False):
+            tags.filter(run_id=run_id, tag__startswith=TAG_PREFIX).exclude(tag=tag or "").delete()
+            if tag is not None and not tags.filter(run_id=run_id, tag=tag).exists():
+                run = self._runs().only("status", "namespace").get(pk=run_id)
+                tags.create(run_id=run_id, tag=tag, status=run.status, namespace=run.namespace)
+            elif tag is not None:
+                status = self._runs().values_list("status", flat=True).get(pk=run_id)
+                tags.filter(run_id=run_id, tag=tag).update(status=status)
+
+    # signals ------------------------------------------------------------------------
+
+    def send_signal(self, token: str, payload: Any) -> None:
+        Signal.objects.using(self.using).create(token=token, payload=payload)
+
+    def take_signal(self, run_id: str, token: str, step: StepRecord) -> tuple[bool, Any]:
+        signals = Signal.objects.using(self.using)
+        with transaction.atomic(using=self.using):
+            kept = signals.filter(token=token, consumed_by="").order_by("id")
+            if connections[self.using].features.has_select_for_update_skip_locked:
+                kept = kept.select_for_update(skip_locked=True)
+            signal = kept.first()
+            if signal is None:
+                return False, None
+            signals.filter(pk=signal.pk).update(consumed_by=run_id, consumed_at=timezone.now())
+            self.record_step(run_id, dataclasses.replace(step, result=signal.payload))
+        return True, signal.payload
+
+    def has_signal(self, token: str) -> bool:
+        return Signal.objects.using(self.using).filter(token=token, consumed_by="").exists()
+
+    def runs_waiting_on_signal(self, token: str) -> list[RunRecord]:
+        rows = self._runs().filter(status=RunStatus.SUSPENDED, wait__signal=token)
+        return [_record(row, tags=[]) for row in rows]
 
 
 def _count_per_status(tags: Any, tag: str, statuses: list[str], namespace: str | None) -> int:
@@ -263,7 +341,7 @@ def _count_per_status(tags: Any, tag: str, statuses: list[str], namespace: str |
     return int(parts[0].union(*parts[1:], all=True).count())
 
 
-def _record(row: Run) -> RunRecord:
+def _record(row: Run, tags: list[str] | None = None) -> RunRecord:
     return RunRecord(
         run_id=row.pk,
         workflow=row.workflow,
@@ -273,7 +351,7 @@ def _record(row: Run) -> RunRecord:
         input=row.input,
         output=row.output,
         error=row.error,
-        tags=sorted(t.tag for t in row.tag_rows.all()),
+        tags=sorted(t.tag for t in row.tag_rows.all()) if tags is None else tags,
         queue=row.queue,
         parent_id=row.parent_id,
         blocked_reason=row.blocked_reason,
@@ -282,4 +360,8 @@ def _record(row: Run) -> RunRecord:
         updated_at=row.updated_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
+        wake_at=row.wake_at,
+        wait=row.wait,
+        lease_owner=row.lease_owner,
+        lease_expires_at=row.lease_expires_at,
     )
