@@ -60,5 +60,5 @@ def test_unknown_durable_settings_are_errors():
         default_engine.reload()
 
 
-def test_the_suite_settings_pass_every_check():
+def test_the_suite_settings_pass_every_check(db):
     call_command("check", "--fail-level", "WARNING")
