@@ -15,12 +15,12 @@ _SAFE_ISOLATION = {None, "", "read committed", "read uncommitted"}
 
 @checks.register(checks.Tags.database, checks.Tags.compatibility)
 def check_databases(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Warn about database settings under which the quota could admit too many runs."""
+    """Flag database settings under which the quota could admit too many runs."""
     return database_warnings(settings.DATABASES)
 
 
 def database_warnings(databases: dict[str, dict[str, Any]]) -> list[checks.CheckMessage]:
-    """The warnings :func:`check_databases` gives for a ``DATABASES`` dict."""
+    """The messages :func:`check_databases` gives for a ``DATABASES`` dict."""
     messages: list[checks.CheckMessage] = []
     for alias, config in databases.items():
         engine = config.get("ENGINE", "")
@@ -44,14 +44,15 @@ def database_warnings(databases: dict[str, dict[str, Any]]) -> list[checks.Check
         if engine.endswith(("mysql", "postgresql")) and _isolation_name(isolation) not in (
             _SAFE_ISOLATION
         ):
+            # An error, not a warning: at these levels the quota silently admits too many.
             messages.append(
-                checks.Warning(
+                checks.Error(
                     f"database {alias!r} runs transactions at isolation level {isolation!r}",
                     hint=(
                         "The quota count must see every run committed before its lock was "
                         "taken; keep Django's default READ COMMITTED isolation."
                     ),
-                    id="durable_django.W002",
+                    id="durable_django.E002",
                 )
             )
     return messages

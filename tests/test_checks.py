@@ -30,7 +30,7 @@ def test_a_stricter_isolation_level_is_warned(level):
     databases = {
         "default": {"ENGINE": "django.db.backends.mysql", "OPTIONS": {"isolation_level": level}}
     }
-    assert ids(database_warnings(databases)) == ["durable_django.W002"]
+    assert ids(database_warnings(databases)) == ["durable_django.E002"]
 
 
 def test_read_committed_is_fine():
