@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db import models
+from django.db import connections, models
 from django.db.models import Q
 from django.utils import timezone
 
@@ -95,11 +95,22 @@ class RunTagQuerySet(models.QuerySet["RunTag"]):
 
         It reads the tag rows alone, whose copy of the run's status and namespace is kept in
         step with the run, so its cost does not grow with the key's finished history.
+        On PostgreSQL it is a ``UNION ALL`` of one equality per status: with
+        ``status IN (...)`` the planner may read every index entry of the tag and filter
+        the statuses afterwards (when its statistics say the tag has few rows); with an
+        equality per status the index is searched on ``(tag, status)`` whatever the
+        statistics say, so finished runs are never read. Either way one statement, so one
+        snapshot.
         """
+        statuses = list(dict.fromkeys(statuses))
+        if len(statuses) > 1 and connections[self.db].vendor == "postgresql":
+            parts = [self._tagged(tag, [status], namespace).values("status") for status in statuses]
+            return int(parts[0].union(*parts[1:], all=True).count())
+        return self._tagged(tag, statuses, namespace).count()
+
+    def _tagged(self, tag: str, statuses: list[str], namespace: str | None) -> RunTagQuerySet:
         rows = self.filter(tag=tag, status__in=statuses)
-        if namespace is not None:
-            rows = rows.filter(namespace=namespace)
-        return rows.count()
+        return rows.filter(namespace=namespace) if namespace is not None else rows
 
 
 class RunTag(models.Model):

@@ -217,11 +217,11 @@ class OrmStore:
         namespace: str | None = None,
     ) -> int:
         if tag is not None:
-            statuses = list(statuses) if statuses is not None else RunStatus.values
-            tags = RunTag.objects.using(self.using)
-            if len(statuses) > 1 and connections[self.using].vendor == "postgresql":
-                return _count_per_status(tags, tag, statuses, namespace)
-            return tags.count_runs(tag=tag, statuses=statuses, namespace=namespace)
+            return RunTag.objects.using(self.using).count_runs(
+                tag=tag,
+                statuses=list(statuses) if statuses is not None else RunStatus.values,
+                namespace=namespace,
+            )
         rows = self._runs()
         if statuses is not None:
             rows = rows.filter(status__in=list(statuses))
@@ -322,23 +322,6 @@ class OrmStore:
     def runs_waiting_on_signal(self, token: str) -> list[RunRecord]:
         rows = self._runs().filter(status=RunStatus.SUSPENDED, wait__signal=token)
         return [_record(row, tags=[]) for row in rows]
-
-
-def _count_per_status(tags: Any, tag: str, statuses: list[str], namespace: str | None) -> int:
-    """The tag's runs in ``statuses``, as a ``UNION ALL`` of one equality per status.
-
-    With ``status IN (...)`` PostgreSQL's planner may read every index entry of the tag and
-    filter the statuses afterwards, when its statistics say the tag has few rows; with
-    an equality on each status the index is searched on ``(tag, status)`` whatever the
-    statistics say, so finished runs are never read.
-    """
-    parts = []
-    for status in statuses:
-        rows = tags.filter(tag=tag, status=status)
-        if namespace is not None:
-            rows = rows.filter(namespace=namespace)
-        parts.append(rows.values("status"))
-    return int(parts[0].union(*parts[1:], all=True).count())
 
 
 def _record(row: Run, tags: list[str] | None = None) -> RunRecord:
