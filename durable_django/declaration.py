@@ -27,10 +27,12 @@ class Workflow:
 
     @property
     def name(self) -> str:
+        """The registered name."""
         return self.definition.name
 
     @property
     def version(self) -> str:
+        """The version new runs are started with."""
         return self.definition.version
 
     @property

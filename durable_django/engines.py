@@ -74,7 +74,11 @@ class TickResult:
 
 
 class RunHandle:
-    """A started run: its id, its workflow, whether this start created it, and its fate."""
+    """A started run: its id, its workflow, whether this start created it, and its fate.
+
+    ``run_id`` (str), ``workflow`` (its name) and ``created`` (False when an idempotent
+    re-start found the run already there) are plain attributes; ``status`` is read afresh.
+    """
 
     __slots__ = ("created", "engine", "run_id", "workflow")
 
@@ -167,10 +171,12 @@ class Engine:
 
     @property
     def store(self) -> Any:
+        """The store runs live in."""
         return self.config.store
 
     @property
     def namespace(self) -> str:
+        """Stamped on every run this engine creates (unless a start names another)."""
         return self.config.namespace
 
     @property
