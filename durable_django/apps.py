@@ -1,3 +1,5 @@
+"""The app's configuration: workflow discovery and system checks at startup."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig

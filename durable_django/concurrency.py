@@ -108,6 +108,7 @@ class Quota:
 
     @property
     def tag(self) -> str:
+        """The tag runs started under this quota carry: ``concurrency:<key>``."""
         return quota_tag(self.key)
 
 

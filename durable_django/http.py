@@ -80,6 +80,7 @@ class ConcurrencyLimitMiddleware:
         return await self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        """The 429 answer for a refused start; other exceptions go on as they were."""
         if isinstance(exception, ConcurrencyLimitError):
             return too_many_requests(exception)
         return None

@@ -37,7 +37,8 @@ from ..errors import ConcurrencyLimitError, DurableError
 
 @dataclass(frozen=True, slots=True)
 class NewRun:
-    """A run about to be created."""
+    """A run about to be created: its id, workflow name and version, namespace, JSON
+    input, tags (the quota's included), Celery queue, parent run and attempt number."""
 
     run_id: str
     workflow: str
@@ -52,7 +53,10 @@ class NewRun:
 
 @dataclass(frozen=True, slots=True)
 class RunRecord:
-    """A run as read from the store."""
+    """A run as read from the store: what :class:`NewRun` gave it, plus its ``status``,
+    ``output`` or ``error``, why it is ``blocked``, when it was created, last updated,
+    started and finished, and what a suspended run waits for (``wait``, ``wake_at``)
+    and who holds a running one (``lease_owner`` until ``lease_expires_at``)."""
 
     run_id: str
     workflow: str
@@ -79,7 +83,8 @@ class RunRecord:
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One recorded ``ctx.step``: its position in the body, its name and its outcome."""
+    """One recorded durable call: its position in the body, its name, and its outcome
+    (a JSON ``result``, or an ``error`` dict with at least ``type`` and ``message``)."""
 
     position: int
     name: str
@@ -89,7 +94,8 @@ class StepRecord:
 
 @dataclass(frozen=True, slots=True)
 class StartOutcome:
-    """What a start did: created a run, or found the run id already taken."""
+    """What a start did: ``created`` a run, or found the run id already held by a run of
+    ``workflow`` in ``namespace``."""
 
     created: bool
     workflow: str

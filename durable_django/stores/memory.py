@@ -20,7 +20,9 @@ class MemoryStore:
     """Keeps runs in a dict, guarded by one re-entrant lock.
 
     Nothing it holds is seen by other processes, so an engine on it sends nothing to
-    Celery; drive its runs with :func:`durable_django.testing.run_until_idle`.
+    Celery; drive its runs with :func:`durable_django.testing.run_until_idle`. It has no
+    rollback: a start inside a rolled-back ``atomic()`` keeps its run. Each method does
+    what :class:`~durable_django.stores.Store` says.
     """
 
     is_shared = False

@@ -49,7 +49,8 @@ _START_SQL = (
 class OrmStore:
     """Keeps runs in the database ``using`` (default ``"default"``) through the ORM.
 
-    ``fast_path=False`` makes PostgreSQL take the portable path too.
+    ``fast_path=False`` makes PostgreSQL take the portable path too. Each method does
+    what :class:`~durable_django.stores.Store` says.
     """
 
     is_shared = True
