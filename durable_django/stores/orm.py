@@ -7,7 +7,9 @@ Starts take one of two paths:
   round trip;
 - elsewhere (SQLite, MySQL/MariaDB), the portable path: an upsert of the key's
   ``QuotaLock`` row (which takes the row's write lock, or SQLite's database write lock),
-  then the existing-run check, the count and the inserts, all in one transaction.
+  then the existing-run check, the count and the inserts, all in one transaction. On
+  PostgreSQL the portable path (``fast_path=False``, and retries) takes the function's
+  advisory lock instead, so the two paths serialise against each other.
 """
 
 from __future__ import annotations
