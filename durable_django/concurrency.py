@@ -234,6 +234,21 @@ def _call_limit(concurrency: Concurrency, key: str, workflow: str) -> Any:
         ) from error
 
 
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+def limit_for(concurrency: Concurrency, key: str, workflow: str) -> int:
+    """The limit for ``key``: the int, or the limit function's answer (an async one is
+    run through ``async_to_sync``). A bad answer raises naming the workflow and key."""
+    limit: Any = concurrency.limit
+    if callable(limit):
+        limit = _call_limit(concurrency, key, workflow)
+        if inspect.isawaitable(limit):
+            limit = async_to_sync(_awaited)(limit)
+    return _check_limit(limit, workflow, key)
+
+
 def resolve(concurrency: Concurrency | None, input: Any, workflow: str) -> Quota | None:
     """Resolve a quota for one start, calling an async limit function through async_to_sync."""
     if concurrency is None:
@@ -241,17 +256,7 @@ def resolve(concurrency: Concurrency | None, input: Any, workflow: str) -> Quota
     key = _resolve_key(concurrency, input, workflow)
     if key is None:
         return None
-    limit: Any = concurrency.limit
-    if callable(limit):
-        limit = _call_limit(concurrency, key, workflow)
-        if inspect.isawaitable(limit):
-            awaitable = limit
-
-            async def _await() -> Any:
-                return await awaitable
-
-            limit = async_to_sync(_await)()
-    return Quota(key, _check_limit(limit, workflow, key), concurrency.count_statuses)
+    return Quota(key, limit_for(concurrency, key, workflow), concurrency.count_statuses)
 
 
 async def aresolve(concurrency: Concurrency | None, input: Any, workflow: str) -> Quota | None:

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.utils import timezone
@@ -39,6 +39,9 @@ from .stores.base import (
     quota_transaction,
     start_with_primitives,
 )
+
+if TYPE_CHECKING:
+    from .usage import QuotaUsage
 
 MAX_RUN_ID_LENGTH = 255
 MAX_NAMESPACE_LENGTH = 100
@@ -542,6 +545,13 @@ class Engine:
         if count_runs is not None:
             return count_runs(tag=tag, statuses=statuses, namespace=namespace)
         return len(self.store.list_runs(tag=tag, statuses=statuses, namespace=namespace))
+
+    def quota_usage(self, key: str | None = None) -> list[QuotaUsage]:
+        """Every quota key holding active runs (or just ``key``): how many, for which
+        workflows, against the limit they declare. Busiest first."""
+        from .usage import quota_usage
+
+        return quota_usage(self, key)
 
     def wait_for_run(self, run_id: str, timeout: float | None = None) -> RunRecord:
         """Poll until the run is completed, failed or cancelled; :class:`RunTimeout` if not."""

@@ -291,3 +291,30 @@ def test_a_start_in_a_rolled_back_transaction_leaves_nothing(orm_engine: Engine)
         orm_engine.get_run("rolled-back")
     # Its slot was never taken.
     assert orm_engine.start("wf", {}).created
+
+
+def test_quota_usage_lists_busy_keys_with_their_declared_limit(engine: Engine):
+    async def plan_limit(key):
+        return {"tenant:acme": 3}.get(key, 1)
+
+    engine.register(
+        "chat.turn",
+        "1",
+        echo,
+        concurrency={"key": lambda i: f"tenant:{i['t']}", "limit": plan_limit},
+    )
+    engine.register("free", "1", echo)
+    for _ in range(2):
+        engine.start("chat.turn", {"t": "acme"})
+    engine.start("chat.turn", {"t": "globex"})
+    engine.start("free", {}, concurrency={"key": "adhoc", "limit": 9})
+    done = engine.start("chat.turn", {"t": "initech"})
+    force_status(engine, done.run_id, RunStatus.COMPLETED)
+    usage = {u.key: u for u in engine.quota_usage()}
+    assert set(usage) == {"tenant:acme", "tenant:globex", "adhoc"}
+    acme = usage["tenant:acme"]
+    assert (acme.active, acme.limit, acme.workflows, acme.full) == (2, 3, ("chat.turn",), False)
+    assert usage["tenant:globex"].full
+    assert usage["adhoc"].limit is None  # a per-start quota is not declared anywhere
+    assert engine.quota_usage()[0].key == "tenant:acme"  # busiest first
+    assert engine.quota_usage("nobody")[0].active == 0

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from ..concurrency import TAG_PREFIX, Quota
@@ -300,6 +300,22 @@ class OrmStore:
             elif tag is not None:
                 status = self._runs().values_list("status", flat=True).get(pk=run_id)
                 tags.filter(run_id=run_id, tag=tag).update(status=status)
+
+    def quota_keys(
+        self, statuses: Collection[str], namespace: str | None
+    ) -> dict[str, dict[str, int]]:
+        """``{key: {workflow: runs}}`` for the quota keys holding runs in ``statuses``."""
+        rows = RunTag.objects.using(self.using).filter(
+            tag__startswith=TAG_PREFIX, status__in=list(statuses)
+        )
+        if namespace is not None:
+            rows = rows.filter(namespace=namespace)
+        found: dict[str, dict[str, int]] = {}
+        for tag, workflow, count in rows.values_list("tag", "run__workflow").annotate(
+            count=Count("id")
+        ):
+            found.setdefault(tag[len(TAG_PREFIX) :], {})[workflow] = count
+        return found
 
     # signals ------------------------------------------------------------------------
 
