@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from . import concurrency as quotas
 from .conf import build_store, durable_settings
-from .errors import DurableError, RunFailed, RunNotFound, RunTimeout
+from .errors import ConcurrencyLimitError, DurableError, RunFailed, RunNotFound, RunTimeout
 from .registry import (
     MAX_NAME_LENGTH,
     Registry,
@@ -30,6 +30,7 @@ from .registry import (
     validate_text,
 )
 from .serialization import json_copy
+from .signals import run_finished, run_refused, run_started
 from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES, RunStatus
 from .stores.base import (
     NewRun,
@@ -347,9 +348,24 @@ class Engine:
             parent_id=parent_id,
             attempt=attempt,
         )
-        outcome = self._store_start(run, quota, explicit_id)
+        try:
+            outcome = self._store_start(run, quota, explicit_id)
+        except ConcurrencyLimitError as error:
+            run_refused.send(sender=type(self), engine=self, workflow=run.workflow, error=error)
+            raise
         if outcome.created:
             self._send(run_id, queue)
+            if run_started.has_listeners():
+                self.store.on_commit(
+                    lambda: run_started.send(
+                        sender=type(self),
+                        engine=self,
+                        run_id=run.run_id,
+                        workflow=run.workflow,
+                        namespace=run.namespace,
+                        parent_id=run.parent_id,
+                    )
+                )
         return RunHandle(self, run_id, outcome.workflow, outcome.created)
 
     def _send(self, run_id: str, queue: str) -> None:
@@ -409,9 +425,17 @@ class Engine:
             wake_at=None,
             error={"type": "cancelled", "message": "cancelled"},
         )
-        if cancelled and run.parent_id:
-            self.wake(run.parent_id)
+        if cancelled:
+            self.finished(run, RunStatus.CANCELLED)
         return cancelled
+
+    def finished(self, run: RunRecord, status: str) -> None:
+        """What follows a run's end: its parent is woken, ``run_finished`` is sent."""
+        if run.parent_id:
+            self.wake(run.parent_id)
+        run_finished.send(
+            sender=type(self), engine=self, run_id=run.run_id, workflow=run.workflow, status=status
+        )
 
     def retry(self, run_id: str, *, concurrency: quotas.ConcurrencyOption = None) -> RunHandle:
         """Start a failed run again as a new attempt, through the quota like any start.
@@ -432,7 +456,13 @@ class Engine:
         store = self.store
         with quota_transaction(store, quota):
             if quota is not None:
-                check_quota(store, quota, run.workflow, self.read_namespace)
+                try:
+                    check_quota(store, quota, run.workflow, self.read_namespace)
+                except ConcurrencyLimitError as error:
+                    run_refused.send(
+                        sender=type(self), engine=self, workflow=run.workflow, error=error
+                    )
+                    raise
             restarted = store.transition(
                 run_id,
                 [RunStatus.FAILED],

@@ -447,13 +447,12 @@ def _run_body(body: Callable[[Any, Any], Any], context: Context) -> tuple[str, d
 def _after_turn(engine: Engine, run: RunRecord, status: str, wait: Any) -> None:
     """Wake whoever this turn's end concerns, closing the races with signals and children.
 
-    A parent is woken when its child ends. A run that just suspended on a signal already
+    A run that ended is announced (its parent woken). A run that just suspended on a signal already
     sent, or on a child already ended, wakes itself: the sender or the child may have
     looked for it a moment before it was suspended.
     """
     if status in TERMINAL_STATUSES:
-        if run.parent_id:
-            engine.wake(run.parent_id)
+        engine.finished(run, status)
         return
     if status != RunStatus.SUSPENDED or not wait:
         return

@@ -1,0 +1,71 @@
+"""The Django signals: run started (on commit), refused, finished."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import transaction
+
+from durable_django import ConcurrencyLimitError, Engine
+from durable_django.signals import run_finished, run_refused, run_started
+from durable_django.testing import run_until_idle
+
+
+@pytest.fixture
+def received():
+    seen = []
+
+    def receiver(signal, sender, **kwargs):
+        seen.append((signal, kwargs))
+
+    for signal in (run_started, run_refused, run_finished):
+        signal.connect(receiver)
+    yield seen
+    for signal in (run_started, run_refused, run_finished):
+        signal.disconnect(receiver)
+
+
+def names(received):
+    names = {run_started: "started", run_refused: "refused", run_finished: "finished"}
+    return [names[signal] for signal, _ in received]
+
+
+def test_started_refused_and_finished(memory_engine: Engine, received):
+    engine = memory_engine
+    engine.register("wf", "1", lambda ctx, i: i, concurrency={"key": lambda i: "k", "limit": 1})
+    handle = engine.start("wf", 1)
+    with pytest.raises(ConcurrencyLimitError):
+        engine.start("wf", 2)
+    run_until_idle(engine)
+    assert names(received) == ["started", "refused", "finished"]
+    started, refused, finished = (kwargs for _, kwargs in received)
+    assert (started["run_id"], started["workflow"], started["namespace"]) == (
+        handle.run_id,
+        "wf",
+        "default",
+    )
+    assert started["engine"] is engine
+    assert refused["error"].key == "k" and refused["workflow"] == "wf"
+    assert (finished["run_id"], finished["status"]) == (handle.run_id, "completed")
+
+
+def test_a_cancel_is_a_finish_and_a_restart_starts_nothing(memory_engine: Engine, received):
+    engine = memory_engine
+    engine.register("wf", "1", lambda ctx, i: i)
+    engine.start("wf", 1, "same")
+    engine.start("wf", 1, "same")
+    engine.cancel("same")
+    assert names(received) == ["started", "finished"]
+    assert received[1][1]["status"] == "cancelled"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_started_is_sent_only_when_the_start_commits(orm_engine: Engine, received):
+    orm_engine.register("wf", "1", lambda ctx, i: i)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        orm_engine.start("wf", 1)
+        raise RuntimeError
+    assert received == []
+    with transaction.atomic():
+        orm_engine.start("wf", 1)
+        assert received == []
+    assert names(received) == ["started"]
