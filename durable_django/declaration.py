@@ -198,12 +198,15 @@ def workflow(
     concurrency: ConcurrencyOption = None,
     tags: Iterable[str] = (),
     on_event: Iterable[str] = (),
+    schedule: Any = None,
     engine: Engine | None = None,
 ) -> Callable[[Any], Any]:
     """Declare a workflow: a ``BaseWorkflow`` subclass or a function ``fn(ctx, input)``.
 
     ``name`` defaults to the target's dotted path; ``concurrency`` takes a
-    :class:`~durable_django.Concurrency` or a dict with the same keys. A class is returned
+    :class:`~durable_django.Concurrency` or a dict with the same keys; ``on_event`` names
+    the events that start it; ``schedule`` declares its persisted schedule(s) (see
+    :class:`~durable_django.schedules.ScheduleSpec`). A class is returned
     with its start methods; a function is returned as a :class:`Workflow`.
     """
 
@@ -223,6 +226,7 @@ def workflow(
             concurrency=concurrency,
             tags=tags,
             on_event=on_event,
+            schedule=schedule,
         )
         if engine is None:
             from .engines import default_engine as target_engine

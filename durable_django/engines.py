@@ -42,6 +42,7 @@ from .stores.base import (
 )
 
 if TYPE_CHECKING:
+    from .events import PublishResult
     from .usage import QuotaUsage
 
 MAX_RUN_ID_LENGTH = 255
@@ -64,17 +65,21 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class TickResult:
-    """What one tick handed on: runs woken from timers, recovered from dead workers,
-    unblocked, and sent again after their message seemed lost."""
+    """What one tick did: runs woken from timers, recovered from dead workers, unblocked,
+    sent again after their message seemed lost; schedule windows fired, and skipped
+    (over their quota, or failing to start: see the schedule's ``last_error``)."""
 
     woken: int = 0
     recovered: int = 0
     unblocked: int = 0
     resent: int = 0
+    fired: int = 0
+    skipped_windows: int = 0
 
     @property
     def total(self) -> int:
-        return self.woken + self.recovered + self.unblocked + self.resent
+        """Everything the tick handed on or fired."""
+        return self.woken + self.recovered + self.unblocked + self.resent + self.fired
 
 
 class RunHandle:
@@ -200,13 +205,20 @@ class Engine:
         concurrency: quotas.ConcurrencyOption = None,
         tags: Iterable[str] = (),
         on_event: Iterable[str] = (),
+        schedule: Any = None,
     ) -> WorkflowDefinition:
         """Register ``fn(ctx, input)`` as workflow ``name`` at ``version``."""
         if not callable(fn):
             raise TypeError(f"workflow {name!r}: fn must be callable, not {type(fn).__name__}")
         return self.registry.add(
             make_definition(
-                name, version, fn, concurrency=concurrency, tags=tags, on_event=on_event
+                name,
+                version,
+                fn,
+                concurrency=concurrency,
+                tags=tags,
+                on_event=on_event,
+                schedule=schedule,
             )
         )
 
@@ -219,6 +231,7 @@ class Engine:
         concurrency: quotas.ConcurrencyOption = None,
         tags: Iterable[str] = (),
         on_event: Iterable[str] = (),
+        schedule: Any = None,
     ) -> WorkflowDefinition:
         """Register a workflow whose code runs in another deployment serving ``queue``.
 
@@ -235,6 +248,7 @@ class Engine:
                 concurrency=concurrency,
                 tags=tags,
                 on_event=on_event,
+                schedule=schedule,
             )
         )
 
@@ -481,18 +495,31 @@ class Engine:
         self._send(run_id, run.queue)
         return RunHandle(self, run_id, run.workflow, True)
 
+    # events and schedules -------------------------------------------------------------
+
+    def publish_event(self, name: str, payload: Any = None, id: str | None = None) -> PublishResult:
+        """Start one run of every workflow subscribed to ``name`` (``on_event=[...]``).
+
+        A subscriber refused by its quota is skipped (and ``event_skipped`` sent); the
+        others still start. With ``id``, a re-publish of the same event starts nothing new.
+        """
+        from .events import publish
+
+        return publish(self, name, payload, id)
+
     # the tick -------------------------------------------------------------------------
 
     def tick(self, now: datetime.datetime | None = None, *, limit: int = 1000) -> TickResult:
         """Hand on what is due: wake runs whose timer is due, hand runs whose worker died
-        (lease lapsed) and blocked runs to a worker again, and send again runs whose
-        message seems lost. Idempotent, and safe from several processes at once: each
+        (lease lapsed) and blocked runs to a worker again, send again runs whose message
+        seems lost, and (on a shared store) fire the due schedule windows after syncing
+        the declared schedules. Idempotent, and safe from several processes at once: each
         hand-on is a conditional update that only one ticker wins."""
         now = now or timezone.now()
         config = self.config
         store = self.store
         pending_before = now - datetime.timedelta(seconds=config.pending_resend_seconds)
-        counts = {"woken": 0, "recovered": 0, "unblocked": 0, "resent": 0}
+        counts = dict.fromkeys(TickResult.__dataclass_fields__, 0)
         for run in store.due_runs(now, pending_before, limit):
             if run.status == RunStatus.SUSPENDED:
                 kind = "woken"
@@ -521,6 +548,12 @@ class Engine:
             if moved:
                 counts[kind] += 1
                 self._send(run.run_id, run.queue)
+        if store.is_shared:
+            from .schedules import fire_due, sync_declared
+
+            sync_declared(self)
+            for firing in fire_due(self, now):
+                counts["fired" if firing.run_id else "skipped_windows"] += 1
         return TickResult(**counts)
 
     # reading ------------------------------------------------------------------------

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
+from typing import Any
+
 from django.db import connections, models
 from django.db.models import Q
 from django.utils import timezone
+from django.utils import timezone as django_timezone
 
 from .status import RunStatus
 
@@ -186,6 +190,121 @@ class Signal(models.Model):
 
     def __str__(self) -> str:
         return self.token
+
+
+class Schedule(models.Model):
+    """A persisted schedule: one run of ``workflow`` per window, under a quota of its own."""
+
+    class Source(models.TextChoices):
+        CODE = "code", "Declared in code"
+        ADMIN = "admin", "Edited in the admin"
+
+    key = models.CharField(max_length=200, unique=True, help_text="Stable name of the schedule.")
+    workflow = models.CharField(max_length=200, help_text="The registered workflow to start.")
+    input = models.JSONField(null=True, blank=True, help_text="The input of every run.")
+    cron = models.CharField(
+        max_length=200, blank=True, default="", help_text="Five-field cron expression."
+    )
+    timezone = models.CharField(
+        max_length=64, default="UTC", help_text="IANA timezone the cron expression is read in."
+    )
+    interval_seconds = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Fire every this many seconds (instead of cron)."
+    )
+    enabled = models.BooleanField(default=True)
+    concurrency_key = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="Quota key of the schedule's own; empty: the workflow's quota applies.",
+    )
+    concurrency_limit = models.IntegerField(null=True, blank=True)
+    concurrency_statuses = models.JSONField(
+        default=list, blank=True, help_text="Statuses that hold a slot; empty: the default."
+    )
+    source = models.CharField(
+        max_length=8,
+        choices=Source.choices,
+        default=Source.ADMIN,
+        help_text="Declared schedules follow their code until edited in the admin.",
+    )
+    next_due_at = models.DateTimeField(null=True, blank=True)
+    last_fired_at = models.DateTimeField(null=True, blank=True)
+    last_run_id = models.CharField(max_length=255, blank=True, default="")
+    last_error = models.TextField(blank=True, default="")
+    # The ``timezone`` field above hides django.utils.timezone in this class body.
+    created_at = models.DateTimeField(default=django_timezone.now)
+
+    class Meta:
+        db_table = "durable_schedule"
+        verbose_name = "schedule"
+        verbose_name_plural = "schedules"
+        ordering = ["key"]
+        indexes = [
+            models.Index(fields=["enabled", "next_due_at"], name="durable_schedule_due_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(cron="") & Q(interval_seconds__isnull=False))
+                | (~Q(cron="") & Q(interval_seconds__isnull=True)),
+                name="durable_schedule_one_timing",
+                violation_error_message="Give exactly one of a cron expression and an interval.",
+            ),
+            models.CheckConstraint(
+                condition=Q(interval_seconds__isnull=True) | Q(interval_seconds__gt=0),
+                name="durable_schedule_interval_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(concurrency_key="") | Q(concurrency_limit__isnull=False),
+                name="durable_schedule_quota_has_limit",
+                violation_error_message="A schedule's concurrency key needs a limit.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # The next due time is derived from the timing; fill it in when it is missing.
+        if self.next_due_at is None and self.enabled:
+            self.next_due_at = self.compute_next_due(timezone.now())
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        """Refuse what could not fire: the timing, the workflow, the quota options."""
+        from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+
+        from .engines import default_engine
+        from .errors import WorkflowNotFound
+        from .schedules import schedule_quota, validate_timing
+
+        errors: dict[str, list[str]] = {}
+        try:
+            validate_timing(self.cron, self.timezone, self.interval_seconds)
+        except (TypeError, ValueError) as error:
+            if bool(self.cron) == (self.interval_seconds is not None):
+                field = NON_FIELD_ERRORS
+            elif "timezone" in str(error):
+                field = "timezone"
+            else:
+                field = "cron" if self.cron else "interval_seconds"
+            errors.setdefault(field, []).append(str(error))
+        try:
+            default_engine.registry.latest(self.workflow)
+        except WorkflowNotFound as error:
+            errors.setdefault("workflow", []).append(str(error))
+        try:
+            schedule_quota(self.concurrency_key, self.concurrency_limit, self.concurrency_statuses)
+        except (TypeError, ValueError) as error:
+            errors.setdefault("concurrency_key", []).append(str(error))
+        if errors:
+            raise ValidationError(errors)
+
+    def compute_next_due(self, after: datetime.datetime) -> datetime.datetime:
+        """The first window after ``after``."""
+        from .schedules import next_window
+
+        return next_window(self.cron, self.timezone, self.interval_seconds, after)
 
 
 class QuotaLock(models.Model):

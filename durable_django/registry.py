@@ -9,6 +9,7 @@ from typing import Any
 
 from .concurrency import TAG_PREFIX, Concurrency, ConcurrencyOption, for_workflow
 from .errors import WorkflowNotFound
+from .schedules import ScheduleSpec
 
 WorkflowBody = Callable[[Any, Any], Any]
 
@@ -29,6 +30,7 @@ class WorkflowDefinition:
     concurrency: Concurrency | None = None
     tags: tuple[str, ...] = ()
     on_event: tuple[str, ...] = ()
+    schedules: tuple[ScheduleSpec, ...] = ()
 
     @property
     def body_path(self) -> str:
@@ -72,8 +74,13 @@ def make_definition(
     concurrency: ConcurrencyOption = None,
     tags: Iterable[str] = (),
     on_event: Iterable[str] = (),
+    schedule: Any = None,
 ) -> WorkflowDefinition:
-    """Build a definition, refusing bad options with a clear error."""
+    """Build a definition, refusing bad options with a clear error.
+
+    ``schedule`` is a :class:`~durable_django.schedules.ScheduleSpec`, a dict with the
+    same keys, or a list of them.
+    """
     validate_text(name, "workflow name", MAX_NAME_LENGTH)
     validate_text(version, "workflow version", MAX_VERSION_LENGTH)
     if body is not None and not callable(body):
@@ -91,7 +98,22 @@ def make_definition(
         concurrency=for_workflow(concurrency, name),
         tags=validate_tags(tags),
         on_event=tuple(validate_text(e, "an event name", MAX_NAME_LENGTH) for e in on_event),
+        schedules=_schedules(name, schedule),
     )
+
+
+def _schedules(workflow: str, schedule: Any) -> tuple[ScheduleSpec, ...]:
+    if schedule is None:
+        return ()
+    specs = schedule if isinstance(schedule, list | tuple) else [schedule]
+    try:
+        built = tuple(ScheduleSpec.build(spec) for spec in specs)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"workflow {workflow!r}: {error}") from None
+    keys = [spec.key for spec in built]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"workflow {workflow!r}: schedule keys must be unique, got {keys}")
+    return built
 
 
 class Registry:
@@ -139,6 +161,11 @@ class Registry:
         with self._lock:
             return [d for versions in self._versions.values() for d in versions.values()]
 
+    def subscribers(self, event: str) -> list[WorkflowDefinition]:
+        """The workflows (their latest versions) started by ``event``."""
+        with self._lock:
+            return [d for d in self._latest.values() if event in d.on_event]
+
     def remove(self, name: str) -> None:
         """Forget every version of ``name`` (for tests)."""
         with self._lock:
@@ -153,6 +180,7 @@ def _same_registration(a: WorkflowDefinition, b: WorkflowDefinition) -> bool:
         and a.queue == b.queue
         and a.tags == b.tags
         and a.on_event == b.on_event
+        and a.schedules == b.schedules
         and _same_concurrency(a.concurrency, b.concurrency)
     )
 

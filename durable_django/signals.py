@@ -6,6 +6,9 @@
   Arguments: ``workflow``, ``error`` (the :class:`~durable_django.ConcurrencyLimitError`).
 - ``run_finished``: a run ended ``completed``, ``failed`` or ``cancelled``.
   Arguments: ``run_id``, ``workflow``, ``status``.
+- ``event_skipped``: ``engine.publish_event`` skipped a subscriber (refused by its quota,
+  or unable to start on the payload). Arguments: ``event``, ``event_id``, ``workflow``,
+  ``error``.
 
 The sender is the :class:`~durable_django.Engine` class and ``engine`` the engine itself.
 Receivers run in the process that sent the signal (the web process for starts, the worker
@@ -17,3 +20,4 @@ from django.dispatch import Signal
 run_started = Signal()
 run_refused = Signal()
 run_finished = Signal()
+event_skipped = Signal()

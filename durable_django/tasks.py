@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from celery import shared_task
 
 
@@ -18,13 +20,7 @@ def tick() -> dict[str, int]:
     """Run ``engine.tick()`` on the default engine; schedule it with Celery beat."""
     from .engines import default_engine
 
-    result = default_engine.tick()
-    return {
-        "woken": result.woken,
-        "recovered": result.recovered,
-        "unblocked": result.unblocked,
-        "resent": result.resent,
-    }
+    return dataclasses.asdict(default_engine.tick())
 
 
 def beat_schedule(seconds: float = 5.0) -> dict[str, dict[str, object]]:

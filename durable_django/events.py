@@ -1,0 +1,69 @@
+"""Event triggers: ``engine.publish_event`` starts one run of every subscriber."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import DurableError
+from .serialization import json_copy
+from .signals import event_skipped
+
+if TYPE_CHECKING:
+    from .engines import Engine, RunHandle
+
+MAX_RUN_ID_LENGTH = 255
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """What a publish did: the runs of the subscribers it ``started`` (handles; with an
+    event id, a re-publish returns the runs already there, ``created`` False), and the
+    subscribers it ``skipped`` as ``(workflow_name, error)`` pairs — refused by their
+    quota, or unable to start on this payload."""
+
+    started: list[RunHandle] = field(default_factory=list)
+    skipped: list[tuple[str, Exception]] = field(default_factory=list)
+
+
+def event_run_id(event: str, event_id: str, workflow: str) -> str:
+    """The run id of ``workflow``'s run for one event: readable, or hashed when too long."""
+    run_id = f"event:{event}:{event_id}:{workflow}"
+    if len(run_id) <= MAX_RUN_ID_LENGTH:
+        return run_id
+    digest = hashlib.sha256(f"{event}\0{event_id}\0{workflow}".encode()).hexdigest()
+    return f"event:{digest}"
+
+
+def publish(engine: Engine, name: str, payload: Any, id: str | None = None) -> PublishResult:
+    """Start one run of every workflow subscribed to ``name``, with ``payload`` as input.
+
+    Each subscriber starts under its own quota; one refused (or whose key or limit
+    function fails on this payload) is skipped, sending ``event_skipped``, and the others
+    still start. With ``id``, each subscriber's run id is derived from it, so publishing
+    the same event again starts nothing new and is never refused.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"an event name must be a non-empty str, not {name!r}")
+    if id is not None and (not isinstance(id, str) or not id):
+        raise ValueError(f"an event id must be a non-empty str, not {id!r}")
+    payload = json_copy(payload, f"the payload of event {name!r}")
+    result = PublishResult()
+    for definition in engine.registry.subscribers(name):
+        run_id = None if id is None else event_run_id(name, id, definition.name)
+        try:
+            handle = engine.start(definition, payload, run_id)
+        except (DurableError, TypeError, ValueError) as error:
+            result.skipped.append((definition.name, error))
+            event_skipped.send(
+                sender=type(engine),
+                engine=engine,
+                event=name,
+                event_id=id,
+                workflow=definition.name,
+                error=error,
+            )
+        else:
+            result.started.append(handle)
+    return result

@@ -1,0 +1,270 @@
+"""Persisted schedules: validation, windows (DST included), firing under their quotas."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, connection, transaction
+
+from durable_django import Engine, RunStatus
+from durable_django.models import Schedule
+from durable_django.schedules import ScheduleSpec, latest_window, next_window, window_run_id
+
+from .conftest import force_status
+
+UTC = datetime.UTC
+PARIS = ZoneInfo("Europe/Paris")
+
+
+def at(*args: int, tz: datetime.tzinfo = UTC) -> datetime.datetime:
+    return datetime.datetime(*args, tzinfo=tz)
+
+
+def schedule(**fields) -> Schedule:
+    values = {"key": "nightly", "workflow": "wf", "interval_seconds": 60, "input": {"n": 1}}
+    values.update(fields)
+    return Schedule.objects.create(**values)
+
+
+def due(row: Schedule, when: datetime.datetime) -> None:
+    Schedule.objects.filter(pk=row.pk).update(next_due_at=when)
+
+
+# validation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        ({"cron": "61 * * * *", "interval_seconds": None}, "cron", "invalid cron expression"),
+        ({"cron": "* * * *", "interval_seconds": None}, "cron", "invalid cron"),
+        (
+            {"cron": "0 3 * * *", "interval_seconds": None, "timezone": "Mars/Olympus"},
+            "timezone",
+            "unknown timezone",
+        ),
+        ({"cron": "0 3 * * *"}, "__all__", "exactly one"),
+        ({"interval_seconds": None}, "__all__", "exactly one"),
+        ({"workflow": "no.such"}, "workflow", "no workflow registered"),
+        ({"concurrency_key": "k"}, "concurrency_key", "needs a limit"),
+        (
+            {"concurrency_key": "k", "concurrency_limit": 1, "concurrency_statuses": ["done"]},
+            "concurrency_key",
+            "unknown status",
+        ),
+    ],
+)
+def test_a_schedule_that_could_not_fire_is_refused_when_saved(db, fields, field, message):
+    row = Schedule(key="s", workflow="tests.plain", interval_seconds=60)
+    for name, value in fields.items():
+        setattr(row, name, value)
+    with pytest.raises(ValidationError) as refused:
+        row.full_clean()
+    assert message in " ".join(refused.value.message_dict[field])
+
+
+def test_a_valid_schedule_passes(db):
+    Schedule(
+        key="s", workflow="tests.plain", cron="0 3 * * *", timezone="Europe/Paris"
+    ).full_clean()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"cron": "0 3 * * *", "interval_seconds": 60},
+        {"cron": "", "interval_seconds": None, "next_due_at": at(2026, 1, 1)},
+        {"concurrency_key": "k", "concurrency_limit": None},
+    ],
+)
+def test_the_database_refuses_impossible_timings_and_quotas(db, fields):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        schedule(**fields)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"key": "k"}, "exactly one"),
+        ({"key": "k", "cron": "nope"}, "invalid cron"),
+        ({"key": "", "interval": 5}, "schedule key"),
+        ({"key": "k", "interval": 5, "every": 3}, "unknown schedule option"),
+        ({"key": "k", "interval": 5, "input": {1, 2}}, "JSON-serialisable"),
+        ({"key": "k", "interval": 5, "concurrency": {"key": "x", "limit": "2"}}, "int"),
+    ],
+)
+def test_bad_declared_schedules_are_refused_at_declaration(registry, spec, message):
+    engine = Engine(registry=registry, enqueue=False)
+    with pytest.raises((TypeError, ValueError), match=message):
+        engine.register("wf", "1", lambda ctx, i: None, schedule=spec)
+    assert registry.all() == []
+
+
+# windows ------------------------------------------------------------------------------
+
+
+def test_interval_windows_are_aligned_on_the_epoch():
+    assert latest_window("", "UTC", 60, at(2026, 1, 1, 10, 0, 59)) == at(2026, 1, 1, 10, 0)
+    assert next_window("", "UTC", 60, at(2026, 1, 1, 10, 0)) == at(2026, 1, 1, 10, 1)
+    assert next_window("", "UTC", 3600, at(2026, 1, 1, 10, 30)) == at(2026, 1, 1, 11, 0)
+
+
+def test_cron_windows_are_read_in_the_schedules_timezone():
+    # 03:00 in Paris is 02:00 UTC in winter.
+    assert next_window("0 3 * * *", "Europe/Paris", None, at(2026, 1, 10)) == at(2026, 1, 10, 2)
+    assert latest_window("0 3 * * *", "Europe/Paris", None, at(2026, 1, 10, 2)) == at(
+        2026, 1, 10, 2
+    )
+
+
+def windows(cron: str, start: datetime.datetime, count: int) -> list[datetime.datetime]:
+    found, moment = [], start
+    for _ in range(count):
+        moment = next_window(cron, "Europe/Paris", None, moment)
+        found.append(moment.astimezone(PARIS))
+    return found
+
+
+def test_a_daily_time_skipped_by_spring_forward_fires_once_after_the_gap():
+    days = windows("30 2 * * *", at(2026, 3, 28, 12, tz=PARIS), 3)
+    assert [d.isoformat() for d in days] == [
+        "2026-03-29T03:00:00+02:00",
+        "2026-03-30T02:30:00+02:00",
+        "2026-03-31T02:30:00+02:00",
+    ]
+
+
+def test_a_daily_time_repeated_by_fall_back_fires_once():
+    days = windows("30 2 * * *", at(2026, 10, 24, 12, tz=PARIS), 2)
+    assert [d.isoformat() for d in days] == [
+        "2026-10-25T02:30:00+02:00",
+        "2026-10-26T02:30:00+01:00",
+    ]
+
+
+def test_an_hourly_schedule_fires_on_every_real_hour_through_fall_back():
+    hours = windows("0 * * * *", at(2026, 10, 25, 0, 30, tz=PARIS), 4)
+    utc = [h.astimezone(UTC).hour for h in hours]
+    assert utc == [23, 0, 1, 2]  # 01:00+2, 02:00+2, 02:00+1, 03:00+1: one real hour apart
+
+
+# firing -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def orm(orm_engine: Engine) -> Engine:
+    orm_engine.register("wf", "1", lambda ctx, i: i)
+    return orm_engine
+
+
+def test_a_due_window_fires_once_with_a_deterministic_run_id(orm: Engine):
+    row = schedule()
+    now = at(2026, 5, 1, 12, 0, 30)
+    due(row, at(2026, 5, 1, 12, 0))
+    assert orm.tick(now=now).fired == 1
+    run_id = window_run_id("nightly", at(2026, 5, 1, 12, 0))
+    assert run_id == "sched:nightly:2026-05-01T12:00:00+00:00"
+    assert orm.get_run(run_id).input == {"n": 1}
+    row.refresh_from_db()
+    assert (row.last_run_id, row.last_fired_at, row.last_error) == (run_id, now, "")
+    assert row.next_due_at == at(2026, 5, 1, 12, 1)
+    assert orm.tick(now=now).fired == 0  # nothing due until the next window
+
+
+def test_after_downtime_only_the_latest_window_fires(orm: Engine):
+    row = schedule()
+    due(row, at(2026, 5, 1, 12, 0))
+    assert orm.tick(now=at(2026, 5, 1, 15, 42, 10)).fired == 1
+    assert [r.run_id for r in orm.list_runs()] == ["sched:nightly:2026-05-01T15:42:00+00:00"]
+
+
+def test_an_over_limit_window_is_skipped_then_cleared_by_the_next(orm: Engine):
+    row = schedule(concurrency_key="reports", concurrency_limit=1)
+    due(row, at(2026, 5, 1, 12, 0))
+    assert orm.tick(now=at(2026, 5, 1, 12, 0)).fired == 1
+    first = orm.list_runs()[0]
+    assert first.tags == ["concurrency:reports"]
+    # The first run is still active: the next window is over the schedule's own limit.
+    result = orm.tick(now=at(2026, 5, 1, 12, 1))
+    assert (result.fired, result.skipped_windows) == (0, 1)
+    row.refresh_from_db()
+    assert row.last_error == (
+        "window 2026-05-01T12:01:00+00:00 skipped: concurrency key 'reports' has "
+        "1 active run(s), limit is 1"
+    )
+    assert len(orm.list_runs()) == 1 and row.next_due_at == at(2026, 5, 1, 12, 2)
+    force_status(orm, first.run_id, RunStatus.COMPLETED)
+    assert orm.tick(now=at(2026, 5, 1, 12, 2)).fired == 1
+    row.refresh_from_db()
+    assert row.last_error == "" and row.last_run_id.endswith("12:02:00+00:00")
+
+
+def test_a_schedule_of_an_unknown_workflow_records_the_error(orm: Engine):
+    row = schedule(workflow="gone")
+    due(row, at(2026, 5, 1, 12, 0))
+    assert orm.tick(now=at(2026, 5, 1, 12, 0)).skipped_windows == 1
+    row.refresh_from_db()
+    assert "no workflow registered under the name 'gone'" in row.last_error
+
+
+def test_disabled_schedules_do_not_fire(orm: Engine):
+    row = schedule(enabled=False)
+    due(row, at(2026, 5, 1, 12, 0))
+    assert orm.tick(now=at(2026, 5, 1, 13)).fired == 0
+
+
+def test_declared_schedules_are_synced_by_key(orm: Engine):
+    orm.register(
+        "declared",
+        "1",
+        lambda ctx, i: i,
+        schedule={"key": "hourly", "cron": "0 * * * *", "input": [1]},
+    )
+    orm.tick()
+    row = Schedule.objects.get(key="hourly")
+    assert (row.workflow, row.cron, row.input, row.source) == ("declared", "0 * * * *", [1], "code")
+    assert row.next_due_at is not None
+    # Edited in the admin: the declaration no longer overwrites it.
+    Schedule.objects.filter(pk=row.pk).update(cron="30 * * * *", source="admin")
+    from durable_django.schedules import sync_declared
+
+    assert sync_declared(orm) == ["hourly"]
+    assert Schedule.objects.get(key="hourly").cron == "30 * * * *"
+
+
+def test_a_spec_object_works_like_a_dict(registry):
+    spec = ScheduleSpec(key="k", interval=datetime.timedelta(minutes=5).seconds)
+    engine = Engine(registry=registry, enqueue=False)
+    assert engine.register("wf", "1", lambda ctx, i: None, schedule=[spec]).schedules == (spec,)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tickers_racing_on_one_window_start_one_run(registry):
+    from durable_django.stores import OrmStore
+
+    engines = [Engine(store=OrmStore(), registry=registry, enqueue=False) for _ in range(8)]
+    engines[0].register("wf", "1", lambda ctx, i: i)
+    for trial in range(5):
+        row = schedule(key=f"race-{trial}")
+        due(row, at(2026, 5, 1, 12, 0))
+        barrier = threading.Barrier(len(engines))
+        fired = []
+
+        def tick(engine: Engine, barrier: threading.Barrier, fired: list[int]) -> None:
+            try:
+                barrier.wait()
+                fired.append(engine.tick(now=at(2026, 5, 1, 12, 0, 5)).fired)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=tick, args=(e, barrier, fired)) for e in engines]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sum(fired) == 1
+        assert len(engines[0].list_runs(workflow="wf")) == trial + 1
