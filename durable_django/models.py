@@ -192,6 +192,29 @@ class Signal(models.Model):
         return self.token
 
 
+class ScheduleQuerySet(models.QuerySet["Schedule"]):
+    """Domain filters and writes on schedules."""
+
+    def enabled(self) -> ScheduleQuerySet:
+        """Schedules that fire."""
+        return self.filter(enabled=True)
+
+    def due(self, now: datetime.datetime) -> ScheduleQuerySet:
+        """Enabled schedules whose next window is due at ``now``, earliest first."""
+        return self.enabled().filter(next_due_at__lte=now).order_by("next_due_at")
+
+    def put(self, key: str, **fields: Any) -> Schedule:
+        """Create or update the schedule ``key`` from code, validated like an admin form
+        (``full_clean``); its next due time is computed afresh."""
+        row = self.filter(key=key).first() or self.model(key=key)
+        for name, value in fields.items():
+            setattr(row, name, value)
+        row.full_clean()
+        row.next_due_at = row.compute_next_due(django_timezone.now()) if row.enabled else None
+        row.save()
+        return row
+
+
 class Schedule(models.Model):
     """A persisted schedule: one run of ``workflow`` per window, under a quota of its own."""
 
@@ -234,6 +257,8 @@ class Schedule(models.Model):
     last_error = models.TextField(blank=True, default="")
     # The ``timezone`` field above hides django.utils.timezone in this class body.
     created_at = models.DateTimeField(default=django_timezone.now)
+
+    objects = ScheduleQuerySet.as_manager()
 
     class Meta:
         db_table = "durable_schedule"

@@ -280,5 +280,4 @@ def fire_due(engine: Engine, now: datetime.datetime) -> list[Firing]:
     """Fire every enabled schedule whose next window is due at ``now``."""
     from .models import Schedule
 
-    due = Schedule.objects.filter(enabled=True, next_due_at__lte=now).order_by("next_due_at")
-    return [fire(engine, schedule, now) for schedule in due]
+    return [fire(engine, schedule, now) for schedule in Schedule.objects.due(now)]

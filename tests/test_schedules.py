@@ -268,3 +268,16 @@ def test_tickers_racing_on_one_window_start_one_run(registry):
             thread.join()
         assert sum(fired) == 1
         assert len(engines[0].list_runs(workflow="wf")) == trial + 1
+
+
+def test_put_creates_or_updates_a_validated_schedule(db):
+    row = Schedule.objects.put(
+        "reports", workflow="tests.plain", cron="0 3 * * *", timezone="Europe/Paris"
+    )
+    assert row.next_due_at is not None and row.source == "admin"
+    again = Schedule.objects.put("reports", cron="0 4 * * *")
+    assert again.pk == row.pk and again.cron == "0 4 * * *"
+    with pytest.raises(ValidationError):
+        Schedule.objects.put("reports", cron="0 4 * *")
+    assert Schedule.objects.get(key="reports").cron == "0 4 * * *"
+    assert list(Schedule.objects.enabled()) == [again]
