@@ -553,7 +553,8 @@ class Engine:
 
             sync_declared(self)
             for firing in fire_due(self, now):
-                counts["fired" if firing.run_id else "skipped_windows"] += 1
+                if firing.claimed:
+                    counts["fired" if firing.run_id else "skipped_windows"] += 1
         return TickResult(**counts)
 
     # reading ------------------------------------------------------------------------

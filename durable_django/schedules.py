@@ -237,6 +237,7 @@ class Firing:
     window: datetime.datetime
     run_id: str | None
     error: str = ""
+    claimed: bool = True  # False: another ticker fired this window
 
 
 def fire(engine: Engine, schedule: Schedule, now: datetime.datetime) -> Firing:
@@ -252,7 +253,7 @@ def fire(engine: Engine, schedule: Schedule, now: datetime.datetime) -> Firing:
         next_due_at=next_due
     )
     if not claimed:
-        return Firing(schedule.key, window, None, "another ticker fired this window")
+        return Firing(schedule.key, window, None, claimed=False)
     run_id = window_run_id(schedule.key, window)
     try:
         concurrency = schedule_quota(

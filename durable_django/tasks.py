@@ -24,6 +24,12 @@ def tick() -> dict[str, int]:
 
 
 def beat_schedule(seconds: float = 5.0) -> dict[str, dict[str, object]]:
-    """A Celery beat entry running the tick every ``seconds``:
-    ``app.conf.beat_schedule = {**durable_django.tasks.beat_schedule(), ...}``."""
-    return {"durable-django-tick": {"task": "durable_django.tick", "schedule": seconds}}
+    """A Celery beat entry running the tick every ``seconds``, on ``DURABLE["QUEUE"]``
+    when one is set: ``app.conf.beat_schedule = {**beat_schedule(), ...}``."""
+    from .conf import durable_settings
+
+    entry: dict[str, object] = {"task": "durable_django.tick", "schedule": seconds}
+    queue = durable_settings()["QUEUE"]
+    if queue:
+        entry["options"] = {"queue": queue}
+    return {"durable-django-tick": entry}
