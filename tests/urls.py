@@ -1,1 +1,4 @@
-urlpatterns: list = []
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns: list = [path("admin/", admin.site.urls)]

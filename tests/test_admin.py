@@ -1,0 +1,353 @@
+"""The admin: the run changelist and change page, the actions and the quota page."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from durable_django import Concurrency, RunStatus
+from durable_django import engine as default_engine
+from durable_django.models import Run
+from durable_django.testing import run_until_idle
+
+CHANGELIST = "admin:durable_django_run_changelist"
+QUOTAS = "admin:durable_django_run_quotas"
+
+
+def change_url(run_id: str) -> str:
+    return reverse("admin:durable_django_run_change", args=[run_id])
+
+
+def boom(ctx, input):
+    ctx.step("shout", str.upper, input.get("text", ""))
+    raise RuntimeError("the reply service is down")
+
+
+@pytest.fixture
+def failing_workflow():
+    """A workflow, keyed like ``tests.echo`` (limit 3), whose runs fail."""
+    definition = default_engine.register(
+        "tests.admin.boom",
+        "1",
+        boom,
+        concurrency=Concurrency(key=lambda input: input.get("key"), limit=3),
+    )
+    yield definition
+    default_engine.registry.remove(definition.name)
+
+
+def start_echo(key: str = "tenant:acme", **input) -> str:
+    return default_engine.start("tests.echo", {"key": key, "text": "hi", **input}).run_id
+
+
+def failed_run(key: str = "tenant:acme") -> str:
+    run_id = default_engine.start("tests.admin.boom", {"key": key, "text": "hi"}).run_id
+    run_until_idle()
+    assert default_engine.get_run(run_id).status == RunStatus.FAILED
+    return run_id
+
+
+def post_action(client, action: str, run_ids: list[str], **extra):
+    return client.post(
+        reverse(CHANGELIST),
+        {"action": action, "_selected_action": run_ids, **extra},
+        follow=True,
+    )
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]]
+
+
+# who may see it ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def staff_client(client, django_user_model):
+    """A staff user without any permission."""
+    user = django_user_model.objects.create_user("staff", password="pw", is_staff=True)
+    client.force_login(user)
+    client.user = user
+    return client
+
+
+def grant(user, *codenames: str) -> None:
+    user.user_permissions.add(
+        *Permission.objects.filter(content_type__app_label="durable_django", codename__in=codenames)
+    )
+
+
+@pytest.mark.parametrize("name", [CHANGELIST, QUOTAS])
+def test_anonymous_and_non_staff_users_are_sent_to_the_login(db, client, django_user_model, name):
+    url = reverse(name)
+    response = client.get(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("admin:login"))
+
+    user = django_user_model.objects.create_user("visitor", password="pw", is_staff=False)
+    client.force_login(user)
+    response = client.get(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("admin:login"))
+
+
+def test_a_staff_user_needs_the_view_permission(db, staff_client):
+    run_id = start_echo()
+    for url in (reverse(CHANGELIST), reverse(QUOTAS), change_url(run_id)):
+        assert staff_client.get(url).status_code == 403
+
+    grant(staff_client.user, "view_run")
+    for url in (reverse(CHANGELIST), reverse(QUOTAS), change_url(run_id)):
+        assert staff_client.get(url).status_code == 200
+
+
+def test_operating_runs_takes_the_change_permission(db, staff_client):
+    grant(staff_client.user, "view_run")
+    response = staff_client.get(reverse(CHANGELIST))
+    assert response.context["action_form"] is None  # no action is offered
+    run_id = start_echo()
+    response = post_action(staff_client, "cancel_runs", [run_id])
+    assert default_engine.get_run(run_id).status == RunStatus.PENDING
+
+    grant(staff_client.user, "change_run")
+    response = post_action(staff_client, "cancel_runs", [run_id])
+    assert messages_of(response) == ["Cancelled 1 run."]
+    assert default_engine.get_run(run_id).status == RunStatus.CANCELLED
+
+
+# the changelist and the change page ----------------------------------------------------
+
+
+def test_the_changelist_lists_runs_with_status_badges_and_tags(admin_client):
+    done = default_engine.start("tests.plain", {"n": 1}).run_id
+    run_until_idle()
+    pending = start_echo()
+    response = admin_client.get(reverse(CHANGELIST))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert pending in html and done in html
+    assert "durable-status-pending" in html and "durable-status-completed" in html
+    assert "concurrency:tenant:acme" in html
+    # Read-only: no "add" button; the quota page is one click away.
+    assert reverse("admin:durable_django_run_add") not in html
+    assert f'href="{reverse(QUOTAS)}"' in html
+
+
+def test_the_filters(admin_client):
+    acme = start_echo("tenant:acme")
+    globex = start_echo("tenant:globex")
+    plain = default_engine.start("tests.plain", {}, namespace="blue").run_id
+    url = reverse(CHANGELIST)
+
+    def listed(**params) -> set[str]:
+        response = admin_client.get(url, params)
+        assert response.status_code == 200, params
+        return {run.pk for run in response.context["cl"].result_list}
+
+    assert listed() == {acme, globex, plain}
+    assert listed(status__exact="pending") == {acme, globex, plain}
+    assert listed(workflow="tests.plain") == {plain}
+    assert listed(namespace="blue") == {plain}
+    assert listed(tag="concurrency:tenant:globex") == {globex}
+    assert listed(tag="concurrency:tenant:globex", status__in="pending,running") == {globex}
+    assert listed(parent_id="nobody") == set()
+    year = Run.objects.get(pk=acme).created_at.year
+    assert listed(created_at__year=year) == {acme, globex, plain}
+
+
+def test_search_by_run_id_tag_or_quota_key_without_duplicates(admin_client):
+    acme = start_echo("tenant:acme")
+    other = start_echo("tenant:globex")
+    tagged = default_engine.start("tests.echo", {"key": "tenant:acme"}, tags=["vip", "eu"]).run_id
+    url = reverse(CHANGELIST)
+
+    def found(term: str) -> list[str]:
+        return [run.pk for run in admin_client.get(url, {"q": term}).context["cl"].result_list]
+
+    assert found(acme) == [acme]
+    assert found("vip") == [tagged]
+    assert sorted(found("tenant:acme")) == sorted([acme, tagged])
+    assert sorted(found("concurrency:tenant:acme")) == sorted([acme, tagged])
+    assert found("tenant:nobody") == []
+    assert other not in found("tenant:acme")
+
+
+def test_the_changelist_makes_as_many_queries_for_twenty_runs_as_for_one(admin_client):
+    url = reverse(CHANGELIST)
+    start_echo("tenant:one", text="first")
+    admin_client.get(url)  # warm up the session and the content types
+
+    with CaptureQueriesContext(connection) as one:
+        assert admin_client.get(url).status_code == 200
+    for n in range(19):
+        default_engine.start(
+            "tests.echo", {"key": f"tenant:{n}", "text": "x"}, tags=[f"batch-{n}", "load"]
+        )
+    with CaptureQueriesContext(connection) as twenty:
+        response = admin_client.get(url)
+    assert len(response.context["cl"].result_list) == 20
+    assert len(twenty) == len(one), "\n".join(q["sql"] for q in twenty.captured_queries)
+
+
+def test_the_change_page_shows_input_output_tags_and_steps(admin_client):
+    run_id = default_engine.start(
+        "tests.echo", {"key": "tenant:acme", "text": "hello <b>"}, tags=["vip"]
+    ).run_id
+    run_until_idle()
+    response = admin_client.get(change_url(run_id))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert (
+        '<pre class="durable-json">{\n  &quot;echo&quot;: &quot;HELLO &lt;B&gt;&quot;\n}</pre>'
+        in html
+    )
+    assert "&quot;text&quot;: &quot;hello &lt;b&gt;&quot;" in html
+    assert "Recorded steps" in html and "shout" in html
+    assert "vip" in html and "concurrency:tenant:acme" in html
+    # Read-only: nothing to save.
+    assert 'name="_save"' not in html
+    assert "durable-status-completed" in html
+
+
+def test_the_change_page_of_a_failed_run_shows_the_error_readably(admin_client, failing_workflow):
+    run_id = failed_run()
+    html = admin_client.get(change_url(run_id)).content.decode()
+    assert "<strong>builtins.RuntimeError</strong>: the reply service is down" in html
+    assert "Traceback (most recent call last)" in html
+
+
+# actions -------------------------------------------------------------------------------
+
+
+def test_cancel_goes_through_the_engine_and_names_runs_already_ended(admin_client):
+    received = []
+    from durable_django.signals import run_finished
+
+    def on_finished(sender, run_id, status, **kwargs):
+        received.append((run_id, status))
+
+    run_finished.connect(on_finished)
+    try:
+        first, second = start_echo(), start_echo()
+        done = default_engine.start("tests.plain", {}).run_id
+        run_until_idle()
+        third = start_echo()
+        response = post_action(admin_client, "cancel_runs", [first, second, third, done])
+    finally:
+        run_finished.disconnect(on_finished)
+    assert response.status_code == 200
+    # The runs started before run_until_idle completed; the one started after it is pending.
+    cancelled, refused = messages_of(response)
+    assert cancelled == "Cancelled 1 run."
+    names, why = refused.split(": ")
+    assert (set(names.split(", ")), why) == ({first, second, done}, "already completed")
+    assert default_engine.get_run(third).status == RunStatus.CANCELLED
+    assert (third, "cancelled") in received
+
+
+def test_cancel_frees_the_slot(admin_client):
+    runs = [start_echo() for _ in range(3)]
+    with pytest.raises(Exception, match="limit is 3"):
+        start_echo()
+    response = post_action(admin_client, "cancel_runs", runs)
+    assert messages_of(response) == ["Cancelled 3 runs."]
+    assert default_engine.count_runs(tag="concurrency:tenant:acme", statuses=["pending"]) == 0
+    start_echo()
+
+
+def test_retry_starts_a_failed_run_again(admin_client, failing_workflow):
+    run_id = failed_run()
+    done = default_engine.start("tests.plain", {}).run_id
+    run_until_idle()
+    response = post_action(admin_client, "retry_runs", [run_id, done])
+    assert messages_of(response) == [
+        "Retried 1 run: it is pending again as a new attempt.",
+        f"{done}: only failed runs can be retried; it is completed",
+    ]
+    run = default_engine.get_run(run_id)
+    assert (run.status, run.attempt) == (RunStatus.PENDING, 2)
+
+
+def test_a_retry_refused_by_the_quota_says_so(admin_client, failing_workflow):
+    run_id = failed_run("tenant:busy")
+    for _ in range(3):
+        start_echo("tenant:busy")
+    response = post_action(admin_client, "retry_runs", [run_id])
+    assert messages_of(response) == [
+        f"{run_id}: refused by the quota: key tenant:busy has 3 active run(s), limit 3"
+    ]
+    assert default_engine.get_run(run_id).status == RunStatus.FAILED
+
+
+def test_only_finished_runs_may_be_deleted(admin_client):
+    done = default_engine.start("tests.plain", {}).run_id
+    run_until_idle()
+    active = start_echo()
+
+    response = post_action(admin_client, "delete_selected", [active, done])
+    assert messages_of(response) == [
+        f"Nothing deleted: 1 selected run is still active ({active}); cancel it first."
+    ]
+    assert Run.objects.filter(pk__in=[active, done]).count() == 2
+    assert (
+        admin_client.get(reverse("admin:durable_django_run_delete", args=[active])).status_code
+        == 403
+    )
+
+    response = post_action(admin_client, "delete_selected", [done], post="yes")
+    assert messages_of(response) == ["Successfully deleted 1 run."]
+    assert not Run.objects.filter(pk=done).exists()
+
+
+# the quota page ------------------------------------------------------------------------
+
+
+def test_the_quota_page_shows_a_full_bar_for_a_key_at_its_limit(admin_client):
+    for _ in range(3):
+        start_echo("tenant:acme")
+    start_echo("tenant:globex")
+    default_engine.start("tests.plain", {}, concurrency={"key": "adhoc", "limit": 5})
+
+    response = admin_client.get(reverse(QUOTAS))
+    assert response.status_code == 200
+    rows = {row["key"]: row for row in response.context["rows"]}
+    assert rows["tenant:acme"] == {
+        "key": "tenant:acme",
+        "tag": "concurrency:tenant:acme",
+        "active": 3,
+        "limit": 3,
+        "full": True,
+        "percent": 100,
+        "workflows": ("tests.echo",),
+        "runs_url": reverse(CHANGELIST)
+        + "?tag=concurrency%3Atenant%3Aacme&status__in=pending%2Crunning%2Csuspended%2Cblocked",
+    }
+    assert (rows["tenant:globex"]["percent"], rows["tenant:globex"]["full"]) == (33, False)
+    # A per-start quota's limit is not known here: just the count.
+    assert (rows["adhoc"]["limit"], rows["adhoc"]["percent"]) == (None, None)
+
+    html = response.content.decode()
+    assert 'class="durable-bar full"' in html
+    assert 'data-key="tenant:acme" data-percent="100"' in html
+    assert "3 / 3 full" in html
+    assert "1 active, limit unknown" in html
+
+    # The link lists the runs holding the key's slots.
+    listed = admin_client.get(rows["tenant:acme"]["runs_url"]).context["cl"].result_list
+    assert len(listed) == 3
+
+
+def test_the_quota_page_for_one_key(admin_client):
+    start_echo("tenant:acme")
+    start_echo("tenant:globex")
+    response = admin_client.get(reverse(QUOTAS), {"key": "tenant:globex"})
+    assert [row["key"] for row in response.context["rows"]] == ["tenant:globex"]
+
+
+def test_the_quota_page_with_nothing_active(admin_client):
+    response = admin_client.get(reverse(QUOTAS))
+    assert response.status_code == 200
+    assert "No quota key holds active runs." in response.content.decode()
