@@ -140,7 +140,21 @@ class Context:
         return position, recorded
 
     def _record(self, step: StepRecord, *, replace: bool = False) -> None:
-        self.engine.store.record_step(self.run_id, step, replace=replace)
+        """Record ``step`` if this worker still holds the run, in one transaction.
+
+        A worker whose run was cancelled, or whose lease lapsed and was handed on while
+        it was stalled, records nothing and stops (:class:`LeaseLost`): its late record
+        would clash with the new holder's, and its body must not go on to the next step.
+        """
+        store = self.engine.store
+        with store.atomic():
+            held = store.transition(
+                self.run_id, [RunStatus.RUNNING], RunStatus.RUNNING, owner=self.owner
+            )
+            if not held:
+                self.lease_lost.set()
+                raise LeaseLost(self.run_id)
+            store.record_step(self.run_id, step, replace=replace)
         self._recorded[step.position] = step
 
     def _once(self, name: str, make: Callable[[], Any]) -> Any:

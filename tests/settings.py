@@ -99,3 +99,9 @@ CELERY_ACCEPT_CONTENT = ["json"]
 
 # Most tests drive runs in-process; the worker tests turn sending on.
 DURABLE = {"ENQUEUE": False}
+
+# Worker processes started by the tests may take DURABLE options of their own, as JSON.
+if os.environ.get("DURABLE_TEST_DURABLE"):
+    import json
+
+    DURABLE = {**DURABLE, **json.loads(os.environ["DURABLE_TEST_DURABLE"])}
