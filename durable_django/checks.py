@@ -1,7 +1,9 @@
-"""System checks: databases configured so the quota can serialise starts."""
+"""System checks: databases configured so the quota can serialise starts, a Celery app
+and broker to send runs to, and declared quotas that make sense."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
@@ -9,6 +11,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from .conf import durable_settings
+from .status import ACTIVE_STATUSES, TERMINAL_STATUSES
 
 _SAFE_ISOLATION = {None, "", "read committed", "read uncommitted"}
 
@@ -83,3 +86,138 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     except (ImproperlyConfigured, TypeError, ValueError) as error:
         return [checks.Error(str(error), id="durable_django.E001")]
     return []
+
+
+#: Where Celery sends messages when no broker is configured.
+CELERY_DEFAULT_BROKER = "amqp://guest@localhost//"
+
+
+@checks.register()
+def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn when starts would send runs to Celery without a project app or a broker.
+
+    It looks at the Celery app current in this process (``celery.current_app``), the one
+    ``shared_task`` sends through, and only when the default engine sends messages
+    (``DURABLE["ENQUEUE"]``, on a store workers share). It cannot tell whether the broker
+    answers or whether a worker consumes the queue: checks do not touch the network.
+    """
+    try:
+        if not durable_settings()["ENQUEUE"]:
+            return []
+        from .engines import default_engine
+
+        if not default_engine.config.store.is_shared:
+            return []
+    except (ImproperlyConfigured, TypeError, ValueError):
+        return []  # check_settings reports it
+    from celery import current_app
+
+    return celery_warnings(current_app._get_current_object())
+
+
+def celery_warnings(app: Any) -> list[checks.CheckMessage]:
+    """The messages :func:`check_celery` gives for a Celery app, with the settings."""
+    # Celery's own fallback, made when no app was created in this process: it reads
+    # nothing from the Django settings and sends to a local RabbitMQ.
+    if app.main == "default" and not app.fixups:
+        return [
+            checks.Warning(
+                "no Celery app is loaded in this process: runs would be sent to Celery's "
+                f"fallback app and its broker {CELERY_DEFAULT_BROKER}",
+                hint=(
+                    "Load the project's Celery app when Django starts: import it in the "
+                    "project package's __init__.py (from .celery import app as celery_app), "
+                    'configured with app.config_from_object("django.conf:settings", '
+                    'namespace="CELERY"). Or set DURABLE["ENQUEUE"] = False when nothing '
+                    "should be sent."
+                ),
+                id="durable_django.W002",
+            )
+        ]
+    try:
+        broker = app.conf.broker_url
+    except Exception as error:  # a configuration that does not load
+        return [
+            checks.Warning(
+                f"cannot read the broker of Celery app {app.main!r}: {error}",
+                id="durable_django.W003",
+            )
+        ]
+    if broker and broker != CELERY_DEFAULT_BROKER:
+        return []
+    configured = getattr(settings, "CELERY_BROKER_URL", None)
+    if configured and configured == broker:
+        return []  # the default broker, named on purpose
+    if configured:
+        return [
+            checks.Warning(
+                f"Celery app {app.main!r} does not use settings.CELERY_BROKER_URL: runs "
+                f"would be sent to {broker or CELERY_DEFAULT_BROKER}",
+                hint=(
+                    "Configure the app from the settings: app.config_from_object("
+                    '"django.conf:settings", namespace="CELERY").'
+                ),
+                id="durable_django.W003",
+            )
+        ]
+    return [
+        checks.Warning(
+            f"no Celery broker is configured: runs would be sent to {CELERY_DEFAULT_BROKER}",
+            hint=(
+                'Set CELERY_BROKER_URL (e.g. "redis://localhost:6379/0") and configure the '
+                "project's Celery app from the settings; or set "
+                'DURABLE["ENQUEUE"] = False when nothing should be sent.'
+            ),
+            id="durable_django.W003",
+        )
+    ]
+
+
+@checks.register()
+def check_workflows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn about declared quotas that cannot be what was meant: a limit that refuses
+    every start, or finished runs counted against the limit."""
+    from .registry import default_registry
+
+    return quota_warnings(default_registry.all())
+
+
+def quota_warnings(definitions: Iterable[Any]) -> list[checks.CheckMessage]:
+    """The messages :func:`check_workflows` gives for workflow definitions.
+
+    A limit given as a function is not called here (it takes a key, known only at start).
+    """
+    messages: list[checks.CheckMessage] = []
+    for definition in definitions:
+        concurrency = definition.concurrency
+        if concurrency is None:
+            continue
+        where = f"workflow {definition.name!r} version {definition.version!r}"
+        limit = concurrency.limit
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit <= 0:
+            messages.append(
+                checks.Warning(
+                    f"{where} declares concurrency limit {limit}: every start is refused",
+                    hint=(
+                        "Give a positive limit, or no concurrency= at all for starts "
+                        "without a quota."
+                    ),
+                    obj=definition.name,
+                    id="durable_django.W004",
+                )
+            )
+        finished = [s for s in concurrency.count_statuses if s in TERMINAL_STATUSES]
+        if finished:
+            messages.append(
+                checks.Warning(
+                    f"{where} counts finished runs ({', '.join(finished)}) against its "
+                    "quota: they never free their slot, so the key fills up for good",
+                    hint=(
+                        "count_statuses should name active statuses only (the default is "
+                        f"{', '.join(ACTIVE_STATUSES)})."
+                    ),
+                    obj=definition.name,
+                    id="durable_django.W005",
+                )
+            )
+    return messages

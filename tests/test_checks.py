@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
+from celery import Celery
+from django.conf import settings
 from django.core.management import call_command
 from django.test import override_settings
 
-from durable_django.checks import check_databases, check_settings, database_warnings
+from durable_django.checks import (
+    CELERY_DEFAULT_BROKER,
+    celery_warnings,
+    check_celery,
+    check_databases,
+    check_settings,
+    check_workflows,
+    database_warnings,
+    quota_warnings,
+)
 from durable_django.engines import default_engine
+from durable_django.registry import make_definition
+
+from .conftest import echo
 
 
 def ids(messages):
@@ -62,3 +81,162 @@ def test_unknown_durable_settings_are_errors():
 
 def test_the_suite_settings_pass_every_check(db):
     call_command("check", "--fail-level", "WARNING")
+
+
+# Celery ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_broker_in_the_environment(monkeypatch):
+    # Celery reads the broker from the environment before its configuration.
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+
+
+def test_no_celery_app_loaded_is_warned(no_broker_in_the_environment):
+    # What Celery makes when no app was created in the process.
+    fallback = Celery("default", fixups=[], set_as_current=False)
+    messages = celery_warnings(fallback)
+    assert ids(messages) == ["durable_django.W002"]
+    assert "config_from_object" in messages[0].hint
+
+
+def test_no_broker_configured_is_warned(no_broker_in_the_environment):
+    app = Celery("project", set_as_current=False)
+    with override_settings():
+        del settings.CELERY_BROKER_URL
+        messages = celery_warnings(app)
+    assert ids(messages) == ["durable_django.W003"]
+    assert "no Celery broker is configured" in messages[0].msg
+
+
+def test_an_app_ignoring_the_broker_setting_is_warned(no_broker_in_the_environment):
+    app = Celery("project", set_as_current=False)  # not configured from the settings
+    with override_settings(CELERY_BROKER_URL="redis://127.0.0.1:6379/0"):
+        messages = celery_warnings(app)
+    assert ids(messages) == ["durable_django.W003"]
+    assert "does not use settings.CELERY_BROKER_URL" in messages[0].msg
+
+
+def test_a_configured_broker_passes(no_broker_in_the_environment):
+    assert celery_warnings(Celery("project", broker="redis://x:6379/0", set_as_current=False)) == []
+    from_settings = Celery("project", set_as_current=False)
+    from_settings.config_from_object("django.conf:settings", namespace="CELERY")
+    assert celery_warnings(from_settings) == []
+    # RabbitMQ on localhost, named on purpose.
+    local = Celery("project", broker=CELERY_DEFAULT_BROKER, set_as_current=False)
+    with override_settings(CELERY_BROKER_URL=CELERY_DEFAULT_BROKER):
+        assert celery_warnings(local) == []
+
+
+def test_the_celery_check_is_silent_when_nothing_is_sent(db):
+    with override_settings(DURABLE={"ENQUEUE": False}):
+        assert check_celery() == []
+    try:
+        with override_settings(
+            DURABLE={"ENQUEUE": True, "STORE": "durable_django.stores.MemoryStore"}
+        ):
+            assert check_celery() == []
+    finally:
+        default_engine.reload()
+
+
+def test_a_process_without_a_celery_app_gets_the_warning(tmp_path):
+    """``manage.py check`` in a process whose project never created a Celery app."""
+    script = textwrap.dedent(
+        """
+        import os, django
+        from django.conf import settings
+        settings.configure(
+            INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "durable_django"],
+            DATABASES={"default": {
+                "ENGINE": "django.db.backends.sqlite3",
+                "NAME": os.environ["CHECK_DB"],
+                "OPTIONS": {"transaction_mode": "IMMEDIATE"},
+            }},
+            DURABLE={"ENQUEUE": True},
+        )
+        django.setup()
+        from django.core.management import call_command
+        call_command("check")
+        """
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DJANGO_SETTINGS_MODULE", "CELERY_BROKER_URL")
+    }
+    env["CHECK_DB"] = str(tmp_path / "db.sqlite3")
+    completed = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "durable_django.W002" in completed.stderr
+    assert "no Celery app is loaded in this process" in completed.stderr
+
+
+# declared quotas ------------------------------------------------------------------------
+
+
+def test_a_limit_that_refuses_every_start_is_warned(registry):
+    registry.add(make_definition("ok", "1", echo, concurrency={"key": lambda i: "k", "limit": 2}))
+    registry.add(
+        make_definition("closed", "1", echo, concurrency={"key": lambda i: "k", "limit": 0})
+    )
+    registry.add(
+        make_definition("negative", "2", echo, concurrency={"key": lambda i: "k", "limit": -1})
+    )
+    registry.add(
+        make_definition("by-plan", "1", echo, concurrency={"key": lambda i: "k", "limit": len})
+    )
+    messages = quota_warnings(registry.all())
+    assert ids(messages) == ["durable_django.W004", "durable_django.W004"]
+    assert messages[0].msg == (
+        "workflow 'closed' version '1' declares concurrency limit 0: every start is refused"
+    )
+    assert messages[1].obj == "negative"
+
+
+def test_finished_runs_counted_against_a_quota_are_warned(registry):
+    registry.add(
+        make_definition(
+            "history",
+            "1",
+            echo,
+            concurrency={
+                "key": lambda i: "k",
+                "limit": 5,
+                "count_statuses": ["running", "completed"],
+            },
+        )
+    )
+    registry.add(
+        make_definition(
+            "narrow",
+            "1",
+            echo,
+            concurrency={
+                "key": lambda i: "k",
+                "limit": 5,
+                "count_statuses": ["pending", "running"],
+            },
+        )
+    )
+    messages = quota_warnings(registry.all())
+    assert ids(messages) == ["durable_django.W005"]
+    assert "counts finished runs (completed)" in messages[0].msg
+
+
+def test_the_workflow_check_reads_the_declared_workflows(db):
+    definition = default_engine.register(
+        "tests.checks.closed", "1", echo, concurrency={"key": lambda i: "k", "limit": 0}
+    )
+    try:
+        assert ids(check_workflows()) == ["durable_django.W004"]
+    finally:
+        default_engine.registry.remove(definition.name)
+    assert check_workflows() == []
