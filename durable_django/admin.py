@@ -219,9 +219,9 @@ class RunAdmin(admin.ModelAdmin):
         "status_display",
         "namespace",
         "attempt",
-        "tags_display",
         "created_at",
         "finished_at",
+        "tags_display",
     ]
     list_filter = ["status", WorkflowFilter, "namespace", TagFilter]
     search_fields = ["=id", "=tag_rows__tag"]
