@@ -213,6 +213,14 @@ def test_the_quota_page_shows_a_tenant_at_its_limit(
             # The bar's link lists the 8 runs holding acme's slots.
             page.locator('tr[data-key="tenant:acme"] a').click()
             expect(page.locator("#result_list tbody tr")).to_have_count(8)
+
+            # The tenant list links each tenant to its quota.
+            page.goto(f"{example_site}/admin/tenants/tenant/")
+            page.get_by_role("link", name="tenant:acme").click()
+            expect(page.locator("tr.durable-quota")).to_have_count(1)
+            expect(page.locator('.durable-bar[data-key="tenant:acme"]')).to_have_class(
+                "durable-bar full"
+            )
         finally:
             browser.close()
 
