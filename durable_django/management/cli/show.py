@@ -81,9 +81,9 @@ def error_text(error: Any) -> str:
     if not isinstance(error, dict):
         return pretty(error)
     text = f"{error.get('type', '?')}: {error.get('message', '')}"
-    rest = {k: v for k, v in error.items() if k not in ("type", "message", "traceback")}
-    if rest:
-        text += "\n" + pretty(rest)
+    for name, value in sorted(error.items()):
+        if name not in ("type", "message", "traceback"):
+            text += f"\n{name}: {short(value)}"
     if error.get("traceback"):
         text += "\n" + error["traceback"].rstrip()
     return text
