@@ -379,13 +379,15 @@ class RunAdmin(admin.ModelAdmin):
         """Cancel each selected run through the engine; report the ones already ended."""
         cancelled = 0
         refusals = []
-        for run_id, status in queryset.values_list("pk", "status"):
+        for run in queryset.only("pk", "workflow", "status"):
+            run_id, status = run.pk, run.status
             if status not in ACTIVE_STATUSES:
                 refusals.append((run_id, _("already %(status)s") % {"status": status}))
                 continue
             try:
                 if default_engine.cancel(run_id):
                     cancelled += 1
+                    self.log_change(request, run, "Cancelled.")
                 else:
                     refusals.append((run_id, _("ended before it could be cancelled")))
             except DurableError as error:
@@ -404,7 +406,8 @@ class RunAdmin(admin.ModelAdmin):
         """Start each selected failed run again through the engine, under its quota."""
         retried = 0
         refusals = []
-        for run_id, status in queryset.values_list("pk", "status"):
+        for run in queryset.only("pk", "workflow", "status", "attempt"):
+            run_id, status = run.pk, run.status
             if status != RunStatus.FAILED:
                 refusals.append(
                     (
@@ -416,6 +419,7 @@ class RunAdmin(admin.ModelAdmin):
             try:
                 default_engine.retry(run_id)
                 retried += 1
+                self.log_change(request, run, f"Retried as attempt {run.attempt + 1}.")
             except ConcurrencyLimitError as error:
                 refusals.append((run_id, refusal_text(error)))
             except DurableError as error:

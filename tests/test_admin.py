@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -256,6 +257,10 @@ def test_cancel_frees_the_slot(admin_client):
     assert messages_of(response) == ["Cancelled 3 runs."]
     assert default_engine.count_runs(tag="concurrency:tenant:acme", statuses=["pending"]) == 0
     start_echo()
+    # Each cancel is in the run's admin history, with who did it.
+    entries = LogEntry.objects.filter(object_id__in=runs)
+    assert sorted(e.change_message for e in entries) == ["Cancelled."] * 3
+    assert {e.user.username for e in entries} == {"admin"}
 
 
 def test_retry_starts_a_failed_run_again(admin_client, failing_workflow):
@@ -269,6 +274,7 @@ def test_retry_starts_a_failed_run_again(admin_client, failing_workflow):
     ]
     run = default_engine.get_run(run_id)
     assert (run.status, run.attempt) == (RunStatus.PENDING, 2)
+    assert LogEntry.objects.get(object_id=run_id).change_message == "Retried as attempt 2."
 
 
 def test_a_retry_refused_by_the_quota_says_so(admin_client, failing_workflow):
