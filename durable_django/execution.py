@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import datetime
+import logging
 import os
 import socket
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,6 +32,8 @@ from .stores.base import RunRecord, StepRecord
 
 if TYPE_CHECKING:
     from .engines import Engine, RunHandle
+
+logger = logging.getLogger(__name__)
 
 #: The context of the body running in this thread (or task), if any.
 current_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
@@ -147,14 +151,20 @@ class Context:
         would clash with the new holder's, and its body must not go on to the next step.
         """
         store = self.engine.store
-        with store.atomic():
-            held = store.transition(
-                self.run_id, [RunStatus.RUNNING], RunStatus.RUNNING, owner=self.owner
-            )
-            if not held:
-                self.lease_lost.set()
-                raise LeaseLost(self.run_id)
-            store.record_step(self.run_id, step, replace=replace)
+        record_held_step = getattr(store, "record_held_step", None)
+        if record_held_step is not None:
+            # The same, in one round trip on PostgreSQL.
+            held = record_held_step(self.run_id, step, self.owner, replace=replace)
+        else:
+            with store.atomic():
+                held = store.transition(
+                    self.run_id, [RunStatus.RUNNING], RunStatus.RUNNING, owner=self.owner
+                )
+                if held:
+                    store.record_step(self.run_id, step, replace=replace)
+        if not held:
+            self.lease_lost.set()
+            raise LeaseLost(self.run_id)
         self._recorded[step.position] = step
 
     def _once(self, name: str, make: Callable[[], Any]) -> Any:
@@ -339,37 +349,105 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:8]}"
 
 
-@contextlib.contextmanager
-def _lease_kept(engine: Engine, context: Context, seconds: float) -> Iterator[None]:
+class _LeaseKeeper:
+    """Renews the leases of the turns running in this process, from one daemon thread.
+
+    A turn hands its lease to the keeper while its body runs; every third of the lease's
+    length the keeper renews it, and flags the turn (``lease_lost``) when a renewal finds
+    the run no longer held. One long-lived thread, started on first use, instead of one
+    thread per turn: starting and joining a thread cost more than most turns' renewals
+    (most turns end before their first renewal is due).
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        # In a forked child the keeper thread is gone, and its lock may have been held.
+        self._changed = threading.Condition()
+        # context -> (engine, lease seconds, when its renewal is due; None: no more)
+        self._leases: dict[Context, tuple[Engine, float, float | None]] = {}
+        self._renewing: Context | None = None
+        self._wakes_at: float | None = None  # when the keeper's wait ends (None: never)
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def kept(self, engine: Engine, context: Context, seconds: float) -> Iterator[None]:
+        """Renew ``context``'s lease every third of ``seconds`` until the block ends."""
+        due = time.monotonic() + seconds / 3
+        with self._changed:
+            self._leases[context] = (engine, seconds, due)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="durable lease keeper", daemon=True
+                )
+                self._thread.start()
+            elif self._wakes_at is None or due < self._wakes_at:
+                self._changed.notify_all()
+        try:
+            yield
+        finally:
+            with self._changed:
+                # A renewal under way ends before the turn goes on to finish the run.
+                while self._renewing is context:
+                    self._changed.wait()
+                del self._leases[context]
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while True:
+                    now = time.monotonic()
+                    times = [(at, c) for c, (_, _, at) in self._leases.items() if at is not None]
+                    due = [c for at, c in times if at <= now]
+                    if due:
+                        break
+                    self._wakes_at = min((at for at, _ in times), default=None)
+                    self._changed.wait(None if self._wakes_at is None else self._wakes_at - now)
+                self._wakes_at = now
+            try:
+                for context in due:
+                    self._renew(context)
+            finally:
+                connections.close_all()
+
+    def _renew(self, context: Context) -> None:
+        with self._changed:
+            if context not in self._leases:
+                return  # the turn ended meanwhile
+            engine, seconds, _ = self._leases[context]
+            self._renewing = context
+        renewed = False
+        try:
+            renewed = engine.store.transition(
+                context.run_id,
+                [RunStatus.RUNNING],
+                RunStatus.RUNNING,
+                owner=context.owner,
+                lease_expires_at=timezone.now() + datetime.timedelta(seconds=seconds),
+            )
+            if not renewed:
+                context.lease_lost.set()
+        except Exception:
+            logger.exception("renewing the lease of run %r failed", context.run_id)
+        finally:
+            with self._changed:
+                self._renewing = None
+                # Lost, or failed: no more renewals for this turn.
+                due = time.monotonic() + seconds / 3 if renewed else None
+                self._leases[context] = (engine, seconds, due)
+                self._changed.notify_all()
+
+
+_lease_keeper = _LeaseKeeper()
+
+
+def _lease_kept(engine: Engine, context: Context, seconds: float) -> Any:
     """Renew the run's lease every third of its length while the body runs."""
     if not engine.store.is_shared:
-        yield
-        return
-    done = threading.Event()
-
-    def renew() -> None:
-        try:
-            while not done.wait(seconds / 3):
-                renewed = engine.store.transition(
-                    context.run_id,
-                    [RunStatus.RUNNING],
-                    RunStatus.RUNNING,
-                    owner=context.owner,
-                    lease_expires_at=timezone.now() + datetime.timedelta(seconds=seconds),
-                )
-                if not renewed:
-                    context.lease_lost.set()
-                    return
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=renew, name=f"lease {context.run_id}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
+        return contextlib.nullcontext()
+    return _lease_keeper.kept(engine, context, seconds)
 
 
 def execute_run(engine: Engine, run_id: str) -> bool:
@@ -383,19 +461,22 @@ def execute_run(engine: Engine, run_id: str) -> bool:
     owner = worker_id()
     now = timezone.now()
     lease = datetime.timedelta(seconds=config.lease_seconds)
-    claimed = store.transition(
-        run_id,
-        [RunStatus.PENDING],
-        RunStatus.RUNNING,
-        lease_owner=owner,
-        lease_expires_at=now + lease,
-        started_at=now,
-        wake_at=None,
-    )
-    if not claimed:
-        return False
-    run = store.get_run(run_id)
-    assert run is not None
+    claim = {"lease_owner": owner, "lease_expires_at": now + lease, "started_at": now}
+    steps: list[StepRecord] | None = None
+    claim_run = getattr(store, "claim_run", None)
+    if claim_run is not None:
+        # The claim, the run and its steps at once (one round trip on PostgreSQL).
+        claimed = claim_run(run_id, **claim, wake_at=None)
+        if claimed is None:
+            return False
+        run, steps = claimed
+    else:
+        if not store.transition(
+            run_id, [RunStatus.PENDING], RunStatus.RUNNING, **claim, wake_at=None
+        ):
+            return False
+        run = store.get_run(run_id)
+        assert run is not None
     definition = engine.registry.get(run.workflow, run.version)
     if definition is None or definition.body is None:
         store.transition(
@@ -412,7 +493,7 @@ def execute_run(engine: Engine, run_id: str) -> bool:
             ),
         )
         return True
-    context = Context(engine, run, store.get_steps(run_id), owner)
+    context = Context(engine, run, store.get_steps(run_id) if steps is None else steps, owner)
     token = current_context.set(context)
     try:
         with _lease_kept(engine, context, config.lease_seconds):

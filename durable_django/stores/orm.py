@@ -10,6 +10,12 @@ Starts take one of two paths:
   then the existing-run check, the count and the inserts, all in one transaction. On
   PostgreSQL the portable path (``fast_path=False``, and retries) takes the function's
   advisory lock instead, so the two paths serialise against each other.
+
+Executing runs has a PostgreSQL fast path too (``fast_path=True``): a status change
+(``transition``) is one statement updating the run and its tags together; a claim
+(``claim_run``) is one statement that also returns the run and its recorded steps; a
+step's record with the check that the worker still holds the run (``record_held_step``)
+is one statement. Elsewhere these are the ORM's queries in one transaction.
 """
 
 from __future__ import annotations
@@ -159,6 +165,10 @@ class OrmStore:
     def _runs(self) -> Any:
         return Run.objects.using(self.using)
 
+    def _fast(self) -> bool:
+        """Whether this store takes its PostgreSQL fast path (one statement, no ORM)."""
+        return self.fast_path and connections[self.using].vendor == "postgresql"
+
     def create_run(self, run: NewRun) -> None:
         now = timezone.now()
         with transaction.atomic(using=self.using, savepoint=False):
@@ -243,6 +253,22 @@ class OrmStore:
         updated_before: datetime | None = None,
         **fields: Any,
     ) -> bool:
+        # Expressions (F(), Value()) are for the ORM to compile.
+        if self._fast() and not any(hasattr(v, "resolve_expression") for v in fields.values()):
+            sql, params = _transition_sql(
+                connections[self.using],
+                run_id,
+                from_statuses,
+                status,
+                owner,
+                lease_expired_before,
+                updated_before,
+                fields,
+                "SELECT count(*) FROM changed",
+            )
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(sql, params)
+                return bool(cursor.fetchone()[0])
         rows = self._runs().filter(pk=run_id, status__in=list(from_statuses))
         if owner is not None:
             rows = rows.filter(lease_owner=owner)
@@ -255,6 +281,48 @@ class OrmStore:
             if changed and set(from_statuses) != {status}:
                 RunTag.objects.using(self.using).filter(run_id=run_id).update(status=status)
         return bool(changed)
+
+    def claim_run(self, run_id: str, **fields: Any) -> tuple[RunRecord, list[StepRecord]] | None:
+        """Move a pending run to running with ``fields``; return it and its recorded steps,
+        or ``None`` when it was not pending. ``transition``, ``get_run`` and ``get_steps``
+        in one; on PostgreSQL one statement, which is one round trip."""
+        if not self._fast():
+            if not self.transition(run_id, [RunStatus.PENDING], RunStatus.RUNNING, **fields):
+                return None
+            run = self.get_run(run_id)
+            assert run is not None
+            return run, self.get_steps(run_id)
+        connection = connections[self.using]
+        columns = ", ".join(f"c.{column}" for column in _RUN_COLUMNS)
+        sql, params = _transition_sql(
+            connection,
+            run_id,
+            [RunStatus.PENDING],
+            RunStatus.RUNNING,
+            None,
+            None,
+            None,
+            fields,
+            f"SELECT {columns}, ARRAY(SELECT tag FROM tagged), ("
+            "SELECT json_agg(json_build_array(s.position, s.name, s.result, s.error) "
+            "ORDER BY s.position) FROM durable_step s WHERE s.run_id = c.id) "
+            "FROM changed c",
+            returning=", ".join(_RUN_COLUMNS),
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        *values, tags, steps = row
+        run = dict(zip(_RUN_COLUMNS, values, strict=True))
+        for name in ("input", "output", "error", "wait"):
+            run[name] = Run._meta.get_field(name).from_db_value(run[name], None, connection)
+        record = RunRecord(run_id=run.pop("id"), tags=sorted(tags), **run)
+        return record, [
+            StepRecord(position=position, name=name, result=result, error=error)
+            for position, name, result, error in steps or ()
+        ]
 
     def due_runs(self, now: datetime, pending_before: datetime, limit: int) -> list[RunRecord]:
         due = (
@@ -279,6 +347,22 @@ class OrmStore:
                 name=step.name, result=step.result, error=step.error, created_at=timezone.now()
             )
             return
+        if self._fast():
+            connection = connections[self.using]
+            result, error = Step._meta.get_field("result"), Step._meta.get_field("error")
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    _STEP_SQL,
+                    [
+                        run_id,
+                        step.position,
+                        step.name,
+                        result.get_db_prep_save(step.result, connection),
+                        error.get_db_prep_save(step.error, connection),
+                        timezone.now(),
+                    ],
+                )
+            return
         steps.create(
             run_id=run_id,
             position=step.position,
@@ -286,6 +370,48 @@ class OrmStore:
             result=step.result,
             error=step.error,
         )
+
+    def record_held_step(
+        self, run_id: str, step: StepRecord, owner: str, *, replace: bool = False
+    ) -> bool:
+        """Record ``step`` only while ``owner`` holds the running run; False (and nothing
+        recorded) when it does not. ``transition(run_id, [RUNNING], RUNNING, owner=owner)``
+        and ``record_step`` in one transaction; on PostgreSQL one statement."""
+        if not self._fast():
+            with transaction.atomic(using=self.using):
+                if not self.transition(run_id, [RunStatus.RUNNING], RunStatus.RUNNING, owner=owner):
+                    return False
+                self.record_step(run_id, step, replace=replace)
+            return True
+        connection = connections[self.using]
+        result = Step._meta.get_field("result").get_db_prep_save(step.result, connection)
+        error = Step._meta.get_field("error").get_db_prep_save(step.error, connection)
+        if replace:
+            recorded = (
+                "recorded AS (UPDATE durable_step SET name = %s, result = %s, error = %s, "
+                'created_at = %s WHERE run_id IN (SELECT id FROM changed) AND "position" = %s)'
+            )
+            params = [step.name, result, error, timezone.now(), step.position]
+        else:
+            recorded = (
+                'recorded AS (INSERT INTO durable_step (run_id, "position", name, result, '
+                "error, created_at) SELECT id, %s, %s, %s, %s, %s FROM changed)"
+            )
+            params = [step.position, step.name, result, error, timezone.now()]
+        sql, held_params = _transition_sql(
+            connection,
+            run_id,
+            [RunStatus.RUNNING],
+            RunStatus.RUNNING,
+            owner,
+            None,
+            None,
+            {},
+            f", {recorded} SELECT count(*) FROM changed",
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, held_params + params)
+            return bool(cursor.fetchone()[0])
 
     def forget_failed_steps(self, run_id: str) -> None:
         Step.objects.using(self.using).filter(run_id=run_id, error__isnull=False).delete()
@@ -341,6 +467,87 @@ class OrmStore:
     def runs_waiting_on_signal(self, token: str) -> list[RunRecord]:
         rows = self._runs().filter(status=RunStatus.SUSPENDED, wait__signal=token)
         return [_record(row, tags=[]) for row in rows]
+
+
+#: The run's columns, in the order the PostgreSQL fast path reads them.
+_RUN_COLUMNS = (
+    "id",
+    "workflow",
+    "version",
+    "namespace",
+    "status",
+    "input",
+    "output",
+    "error",
+    "queue",
+    "parent_id",
+    "blocked_reason",
+    "attempt",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+    "wake_at",
+    "wait",
+    "lease_owner",
+    "lease_expires_at",
+)
+
+_STEP_SQL = (
+    'INSERT INTO durable_step (run_id, "position", name, result, error, created_at) '
+    "VALUES (%s, %s, %s, %s, %s, %s)"
+)
+
+
+def _transition_sql(
+    connection: Any,
+    run_id: str,
+    from_statuses: Collection[str],
+    status: str,
+    owner: str | None,
+    lease_expired_before: datetime | None,
+    updated_before: datetime | None,
+    fields: dict[str, Any],
+    select: str,
+    *,
+    returning: str = "id",
+) -> tuple[str, list[Any]]:
+    """``OrmStore.transition`` as one PostgreSQL statement: the run's conditional update
+    (CTE ``changed``) and its tags' status (CTE ``tagged``, when the status changes),
+    followed by ``select``. One statement is atomic by itself, inside a transaction or not.
+    """
+    quote = connection.ops.quote_name
+    sets = ["status = %s", "updated_at = %s"]
+    params: list[Any] = [str(status), timezone.now()]
+    for name, value in fields.items():
+        field = Run._meta.get_field(name)
+        sets.append(f"{quote(field.column)} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    # ``status || ''`` keeps the status test out of the indexes' reach, so the run is
+    # always found through its primary key: with statistics taken while few runs were
+    # pending, the planner otherwise prefers an index on (status, ...) and reads the
+    # entry of every pending run to find this one.
+    where = ["id = %s", "status || '' = ANY(%s)"]
+    params += [run_id, [str(s) for s in from_statuses]]
+    for column, operator, value in (
+        ("lease_owner", "=", owner),
+        ("lease_expires_at", "<", lease_expired_before),
+        ("updated_at", "<", updated_before),
+    ):
+        if value is not None:
+            where.append(f"{column} {operator} %s")
+            params.append(value)
+    sql = (
+        f"WITH changed AS (UPDATE durable_run SET {', '.join(sets)} "
+        f"WHERE {' AND '.join(where)} RETURNING {returning})"
+    )
+    if set(from_statuses) != {status}:
+        sql += (
+            ", tagged AS (UPDATE durable_run_tag SET status = %s "
+            "WHERE run_id IN (SELECT id FROM changed) RETURNING tag)"
+        )
+        params.append(str(status))
+    return f"{sql} {select}", params
 
 
 def _record(row: Run, tags: list[str] | None = None) -> RunRecord:
