@@ -64,7 +64,9 @@ except ConcurrencyLimitError as error:
 """
 
 
-def chromium_or_skip() -> str:
+@pytest.fixture
+def chromium() -> str:
+    """The Chromium executable; skipped without it, except under CI, where it fails."""
     if Path(CHROMIUM).exists():
         return CHROMIUM
     message = f"Chromium not found at {CHROMIUM} (Debian: apt-get install -y chromium)"
@@ -109,7 +111,7 @@ def manage(env: dict[str, str], *args: str) -> str:
 
 
 @pytest.fixture
-def example_site(tmp_path: Path) -> Iterator[str]:
+def example_site(chromium: str, tmp_path: Path) -> Iterator[str]:
     """The example project with acme at its limit, served on a free port; its base URL."""
     env = project_env(tmp_path)
     manage(env, "migrate", "--verbosity", "0")
@@ -158,9 +160,8 @@ def wait_until_serving(server: subprocess.Popen[bytes], url: str, log: Path) -> 
 
 
 def test_the_quota_page_shows_a_tenant_at_its_limit(
-    example_site: str, tmp_path: Path, record_property: pytest.RecordProperty
+    chromium: str, example_site: str, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
-    chromium = chromium_or_skip()
     from playwright.sync_api import expect, sync_playwright
 
     screenshot = tmp_path / "quota-page.png"
