@@ -81,9 +81,13 @@ def grant(user, *codenames: str) -> None:
     )
 
 
-@pytest.mark.parametrize("name", [CHANGELIST, QUOTAS])
-def test_anonymous_and_non_staff_users_are_sent_to_the_login(db, client, django_user_model, name):
-    url = reverse(name)
+@pytest.mark.parametrize("page", ["changelist", "change", "quotas"])
+def test_anonymous_and_non_staff_users_are_sent_to_the_login(db, client, django_user_model, page):
+    url = {
+        "changelist": lambda: reverse(CHANGELIST),
+        "change": lambda: change_url(start_echo()),
+        "quotas": lambda: reverse(QUOTAS),
+    }[page]()
     response = client.get(url)
     assert response.status_code == 302
     assert response["Location"].startswith(reverse("admin:login"))
@@ -93,6 +97,11 @@ def test_anonymous_and_non_staff_users_are_sent_to_the_login(db, client, django_
     response = client.get(url)
     assert response.status_code == 302
     assert response["Location"].startswith(reverse("admin:login"))
+
+    # Nor can they run an action.
+    run_id = start_echo()
+    post_action(client, "cancel_runs", [run_id])
+    assert default_engine.get_run(run_id).status == RunStatus.PENDING
 
 
 def test_a_staff_user_needs_the_view_permission(db, staff_client):
