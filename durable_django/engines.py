@@ -410,7 +410,7 @@ class Engine:
         if run is None:
             return False
         woken = self.store.transition(
-            run_id, [RunStatus.SUSPENDED], RunStatus.PENDING, wake_at=None
+            run_id, [RunStatus.SUSPENDED], RunStatus.PENDING, wake_at=None, wait=None
         )
         if woken:
             self._send(run_id, run.queue)
@@ -523,10 +523,14 @@ class Engine:
         for run in store.due_runs(now, pending_before, limit):
             if run.status == RunStatus.SUSPENDED:
                 kind = "woken"
-                moved = store.transition(run.run_id, [run.status], RunStatus.PENDING, wake_at=None)
+                moved = store.transition(
+                    run.run_id, [run.status], RunStatus.PENDING, wake_at=None, wait=None
+                )
             elif run.status == RunStatus.BLOCKED:
                 kind = "unblocked"
-                moved = store.transition(run.run_id, [run.status], RunStatus.PENDING, wake_at=None)
+                moved = store.transition(
+                    run.run_id, [run.status], RunStatus.PENDING, wake_at=None, wait=None
+                )
             elif run.status == RunStatus.RUNNING:
                 kind = "recovered"
                 moved = store.transition(

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Signal tokens are kept in a column of this size.
+MAX_TOKEN_LENGTH = 255
+
 #: The context of the body running in this thread (or task), if any.
 current_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
     "durable_django_context", default=None
@@ -172,7 +175,7 @@ class Context:
         position, recorded = self._next(name)
         if recorded is not None:
             return recorded.result
-        result = json_copy(make(), f"the result of {name!r}")
+        result = json_copy(_outside_body(make), f"the result of {name!r}")
         self._record(StepRecord(position, name, result=result))
         return result
 
@@ -182,6 +185,7 @@ class Context:
         self,
         name: str,
         fn: Callable[..., Any],
+        /,
         *args: Any,
         retries: int = 0,
         backoff: float | Callable[[int], float] = 1.0,
@@ -206,7 +210,7 @@ class Context:
                 raise Suspend({"retry": name}, wake_at)
             attempt = recorded.error.get("attempts", 1) + 1
         try:
-            result = json_copy(fn(*args, **kwargs), f"the result of step {name!r}")
+            value = _outside_body(fn, *args, **kwargs)
         except Exception as error:
             failure = {**error_payload(error), "attempts": attempt, "retry_at": None}
             if attempt <= retries:
@@ -218,6 +222,8 @@ class Context:
                 raise Suspend({"retry": name}, wake_at) from None
             self._record(StepRecord(position, name, error=failure), replace=attempt > 1)
             raise StepError(name, failure) from error
+        # A result that is not JSON is a bug in the step, not a failure worth retrying.
+        result = json_copy(value, f"the result of step {name!r}")
         self._record(StepRecord(position, name, result=result), replace=attempt > 1)
         return result
 
@@ -241,14 +247,18 @@ class Context:
         if timezone.now() < until:
             raise Suspend({"sleep": until.isoformat()}, until)
 
-    def wait_for_signal(self, token: str, timeout: float | None = None) -> Any:
+    def wait_for_signal(self, token: str, timeout: float | datetime.timedelta | None = None) -> Any:
         """Suspend until ``engine.signal(token, payload)``; return the payload.
 
-        A signal sent before the wait is kept for it. With ``timeout`` (seconds), raises
-        :class:`SignalTimeout` when none came in time.
+        A signal sent before the wait is kept for it. With ``timeout`` (seconds or a
+        ``timedelta``), raises :class:`SignalTimeout` when none came in time.
         """
-        if not isinstance(token, str) or not token:
-            raise ValueError(f"a signal token must be a non-empty str, not {token!r}")
+        if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_LENGTH:
+            raise ValueError(
+                f"a signal token must be a str of 1 to {MAX_TOKEN_LENGTH} characters, not {token!r}"
+            )
+        if isinstance(timeout, datetime.timedelta):
+            timeout = timeout.total_seconds()
         name = f"durable.signal:{token}"
         deadline_text = self._once(
             name,
@@ -260,8 +270,7 @@ class Context:
         )
         position, recorded = self._next(name)
         if recorded is None:
-            step = StepRecord(position, name)
-            found, payload = self.engine.store.take_signal(self.run_id, token, step)
+            found, payload = self._take_signal(token, StepRecord(position, name))
             if found:
                 self._recorded[position] = StepRecord(position, name, result=payload)
                 return payload
@@ -276,6 +285,19 @@ class Context:
         if recorded.error is not None:
             raise SignalTimeout(f"no signal {token!r} came within {recorded.error['timeout']}s")
         return recorded.result
+
+    def _take_signal(self, token: str, step: StepRecord) -> tuple[bool, Any]:
+        """Take a kept signal if this worker still holds the run (else :class:`LeaseLost`):
+        a stalled worker must not consume the signal meant for the run's new holder."""
+        store = self.engine.store
+        with store.atomic():
+            held = store.transition(
+                self.run_id, [RunStatus.RUNNING], RunStatus.RUNNING, owner=self.owner
+            )
+            if not held:
+                self.lease_lost.set()
+                raise LeaseLost(self.run_id)
+            return store.take_signal(self.run_id, token, step)
 
     def start_child(
         self, workflow: Any, input: Any = None, child_id: str | None = None, **options: Any
@@ -331,6 +353,8 @@ class Context:
             except ConcurrencyLimitError as error:
                 recorded = StepRecord(position, name, error=refusal_payload(error))
             else:
+                if not handle.created:
+                    _check_own_child(self, run_id)
                 recorded = StepRecord(
                     position, name, result={"child_id": run_id, "created": handle.created}
                 )
@@ -342,6 +366,25 @@ class Context:
                 cause=refusal,
             )
         return recorded.result["child_id"], recorded.result["created"]
+
+
+def _check_own_child(context: Context, run_id: str) -> None:
+    # Only this run's own children wake it when they end.
+    existing = context.engine.store.get_run(run_id)
+    if existing is not None and existing.parent_id != context.run_id:
+        raise DurableError(
+            f"child id {run_id!r} is taken by a run that is not a child of {context.run_id!r}"
+        )
+
+
+def _outside_body(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call a step's function with no workflow context: a start inside it is a plain start,
+    not a child start at a position the replay would not reach again."""
+    token = current_context.set(None)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        current_context.reset(token)
 
 
 def worker_id() -> str:
@@ -528,9 +571,13 @@ def _run_body(body: Callable[[Any, Any], Any], context: Context) -> tuple[str, d
         # The run fails with what failed in the step, and says which step it was.
         failure = {**error.error, "step": error.name}
         failure.pop("retry_at", None)
-        return RunStatus.FAILED, {"error": failure, "finished_at": timezone.now()}
+        return RunStatus.FAILED, {"error": failure, "finished_at": timezone.now(), "wait": None}
     except Exception as error:
-        return RunStatus.FAILED, {"error": error_payload(error), "finished_at": timezone.now()}
+        return RunStatus.FAILED, {
+            "error": error_payload(error),
+            "finished_at": timezone.now(),
+            "wait": None,
+        }
     return RunStatus.COMPLETED, {
         "output": output,
         "error": None,
@@ -542,9 +589,9 @@ def _run_body(body: Callable[[Any, Any], Any], context: Context) -> tuple[str, d
 def _after_turn(engine: Engine, run: RunRecord, status: str, wait: Any) -> None:
     """Wake whoever this turn's end concerns, closing the races with signals and children.
 
-    A run that ended is announced (its parent woken). A run that just suspended on a signal already
-    sent, or on a child already ended, wakes itself: the sender or the child may have
-    looked for it a moment before it was suspended.
+    A run that ended is announced (its parent woken). A run that just suspended on a
+    signal already sent, or on a child already ended, wakes itself: the sender or the
+    child may have looked for it a moment before it was suspended.
     """
     if status in TERMINAL_STATUSES:
         engine.finished(run, status)

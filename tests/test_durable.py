@@ -378,6 +378,60 @@ def test_bad_durable_call_arguments(engine: Engine):
     run_until_idle(engine)
     errors = [engine.get_run(h.run_id).error["message"] for h in handles]
     assert "ctx.sleep takes seconds or a timedelta" in errors[0]
-    assert "signal token must be a non-empty str" in errors[1]
+    assert "signal token must be a str of 1 to 255 characters" in errors[1]
     with pytest.raises(TypeError, match="JSON-serialisable"):
         engine.signal("t", object())
+
+
+def test_a_start_inside_a_step_function_is_a_plain_start(engine: Engine):
+    engine.register("leaf", "1", lambda ctx, i: i)
+
+    def body(ctx, input):
+        run_id = ctx.step("start", lambda: engine.start("leaf", 1).run_id)
+        return ctx.step("after", lambda: run_id)
+
+    engine.register("wf", "1", body)
+    handle = engine.start("wf", {})
+    run_until_idle(engine)
+    leaf = engine.get_run(handle.result())
+    assert leaf.parent_id is None and leaf.output == 1
+    force_status(engine, handle.run_id, RunStatus.PENDING)  # a replay reaches the same calls
+    run_until_idle(engine)
+    assert handle.status == RunStatus.COMPLETED
+
+
+def test_a_child_id_taken_by_a_run_of_another_parent_fails_the_run(engine: Engine):
+    engine.register("leaf", "1", lambda ctx, i: i)
+    engine.register("wf", "1", lambda ctx, i: ctx.child("leaf", 1, child_id="not-mine"))
+    engine.start("leaf", 1, "not-mine")
+    handle = engine.start("wf", {})
+    engine.execute(handle.run_id)
+    assert "is not a child of" in engine.get_run(handle.run_id).error["message"]
+
+
+def test_a_step_result_that_is_not_json_is_not_retried(engine: Engine):
+    calls = []
+
+    def body(ctx, input):
+        return ctx.step("bad", lambda: calls.append(1) or {1, 2}, retries=3)
+
+    engine.register("wf", "1", body)
+    handle = engine.start("wf", {})
+    run_until_idle(engine)
+    assert handle.status == RunStatus.FAILED and calls == [1]
+    assert "JSON-serialisable" in engine.get_run(handle.run_id).error["message"]
+
+
+def test_a_signal_timeout_may_be_a_timedelta(engine: Engine):
+    def body(ctx, input):
+        try:
+            return ctx.wait_for_signal("t", timeout=datetime.timedelta(milliseconds=50))
+        except SignalTimeout:
+            return "timeout"
+
+    engine.register("wf", "1", body)
+    handle = engine.start("wf", {})
+    run_until_idle(engine)
+    wait_and_tick(engine)
+    assert handle.result() == "timeout"
+    assert engine.get_run(handle.run_id).wait is None
