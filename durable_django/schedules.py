@@ -238,6 +238,7 @@ class Firing:
     run_id: str | None
     error: str = ""
     claimed: bool = True  # False: another ticker fired this window
+    refusal: ConcurrencyLimitError | None = None
 
 
 def fire(engine: Engine, schedule: Schedule, now: datetime.datetime) -> Firing:
@@ -254,7 +255,25 @@ def fire(engine: Engine, schedule: Schedule, now: datetime.datetime) -> Firing:
     )
     if not claimed:
         return Firing(schedule.key, window, None, claimed=False)
-    run_id = window_run_id(schedule.key, window)
+    return _start_window(engine, schedule, window, window_run_id(schedule.key, window), now)
+
+
+def fire_now(engine: Engine, schedule: Schedule, now: datetime.datetime | None = None) -> Firing:
+    """Start a run of ``schedule`` now, outside its windows (``manage.py durable fire``),
+    under its quota, recording the outcome on the row; its next due time is unchanged."""
+    now = now or timezone.now()
+    return _start_window(engine, schedule, now, f"sched:{schedule.key}:now:{now.isoformat()}", now)
+
+
+def _start_window(
+    engine: Engine,
+    schedule: Schedule,
+    window: datetime.datetime,
+    run_id: str,
+    now: datetime.datetime,
+) -> Firing:
+    from .models import Schedule
+
     try:
         concurrency = schedule_quota(
             schedule.concurrency_key, schedule.concurrency_limit, schedule.concurrency_statuses
@@ -266,7 +285,7 @@ def fire(engine: Engine, schedule: Schedule, now: datetime.datetime) -> Firing:
             f"{error.active} active run(s), limit is {error.limit}"
         )
         Schedule.objects.filter(pk=schedule.pk).update(last_error=message)
-        return Firing(schedule.key, window, None, message)
+        return Firing(schedule.key, window, None, message, refusal=error)
     except (DurableError, TypeError, ValueError, LookupError) as error:
         message = f"window {window.isoformat()} not started: {error}"
         Schedule.objects.filter(pk=schedule.pk).update(last_error=message)

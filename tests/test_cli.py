@@ -64,8 +64,10 @@ def test_every_subcommand_is_listed():
         "signal",
         "quota",
         "tick",
+        "schedules",
+        "fire",
     ]
-    assert len(SUBCOMMANDS) == 7
+    assert len(SUBCOMMANDS) == 9
 
 
 def test_a_subcommand_is_required(db):

@@ -20,6 +20,8 @@ SUBCOMMANDS: list[str] = [
     "durable_django.management.cli.signal",
     "durable_django.management.cli.quota",
     "durable_django.management.cli.tick",
+    "durable_django.management.cli.schedules",
+    "durable_django.management.cli.fire",
 ]
 
 
