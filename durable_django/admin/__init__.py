@@ -1,0 +1,13 @@
+"""The admin: runs, read-only, with *cancel* and *retry* actions and the quota page; and
+schedules, with their last error and next due time.
+
+Django loads this package only when ``django.contrib.admin`` is installed (admin
+autodiscovery). Everything here reads the ORM store's tables; every change of a run's
+state goes through the default engine (``durable_django.engine``), never a raw update,
+so the quota, the tags' copy of the status and the Django signals stay right.
+"""
+
+from .runs import RunAdmin, quota_row, refusal_text
+from .schedules import ScheduleAdmin
+
+__all__ = ["RunAdmin", "ScheduleAdmin", "quota_row", "refusal_text"]

@@ -1,0 +1,132 @@
+"""The schedule admin: timing, quota, next due time and what happened last."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from ..engines import default_engine
+from ..models import Schedule
+from ..schedules import fire_now
+from .display import report
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    """Schedules can be edited here; a schedule declared in code and then saved here stops
+    following its declaration (its ``source`` becomes *admin*), and says so."""
+
+    list_display = [
+        "key",
+        "workflow",
+        "timing",
+        "quota",
+        "enabled",
+        "next_due_at",
+        "last_fired_at",
+        "last_run_link",
+        "last_error_display",
+        "source",
+    ]
+    list_filter = ["enabled", "source", "workflow"]
+    search_fields = ["key", "workflow"]
+    readonly_fields = [
+        "source",
+        "next_due_at",
+        "last_fired_at",
+        "last_run_link",
+        "last_error_display",
+        "created_at",
+    ]
+    fieldsets = [
+        (None, {"fields": ["key", "workflow", "input", "enabled", "source"]}),
+        ("When", {"fields": ["cron", "timezone", "interval_seconds"]}),
+        (
+            "Quota of its own",
+            {
+                "fields": ["concurrency_key", "concurrency_limit", "concurrency_statuses"],
+                "description": "Leave the key empty to apply the workflow's own quota.",
+            },
+        ),
+        (
+            "What happened",
+            {"fields": ["next_due_at", "last_fired_at", "last_run_link", "last_error_display"]},
+        ),
+    ]
+    actions = ["enable", "disable", "fire"]
+
+    @admin.display(description="timing")
+    def timing(self, schedule: Schedule) -> str:
+        if schedule.interval_seconds is not None:
+            return f"every {schedule.interval_seconds}s"
+        return f"{schedule.cron} ({schedule.timezone})"
+
+    @admin.display(description="quota")
+    def quota(self, schedule: Schedule) -> str:
+        if not schedule.concurrency_key:
+            return "the workflow's"
+        return f"{schedule.concurrency_key} ≤ {schedule.concurrency_limit}"
+
+    @admin.display(description="last run")
+    def last_run_link(self, schedule: Schedule) -> str:
+        if not schedule.last_run_id:
+            return "-"
+        url = reverse("admin:durable_django_run_change", args=[schedule.last_run_id])
+        return format_html('<a href="{}">{}</a>', url, schedule.last_run_id)
+
+    @admin.display(description="last error")
+    def last_error_display(self, schedule: Schedule) -> str:
+        if not schedule.last_error:
+            return "-"
+        return format_html('<span style="color:#dc3545">{}</span>', schedule.last_error)
+
+    def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
+        if change and obj.source == Schedule.Source.CODE:
+            messages.warning(
+                request,
+                f"Schedule {obj.key!r} was declared in code; saved here, it no longer "
+                f"follows its declaration.",
+            )
+        obj.source = Schedule.Source.ADMIN
+        obj.next_due_at = obj.compute_next_due(timezone.now()) if obj.enabled else None
+        super().save_model(request, obj, form, change)
+
+    @admin.action(description="Enable the selected schedules", permissions=["change"])
+    def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        now = timezone.now()
+        done = 0
+        for schedule in queryset.filter(enabled=False):
+            schedule.enabled = True
+            schedule.next_due_at = schedule.compute_next_due(now)
+            schedule.save(update_fields=["enabled", "next_due_at"])
+            done += 1
+        report(self, request, done, "%(count)d schedule enabled.", "%(count)d schedules enabled.")
+
+    @admin.action(description="Disable the selected schedules", permissions=["change"])
+    def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        done = queryset.filter(enabled=True).update(enabled=False, next_due_at=None)
+        report(self, request, done, "%(count)d schedule disabled.", "%(count)d schedules disabled.")
+
+    @admin.action(description="Fire the selected schedules now", permissions=["change"])
+    def fire(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        done, refusals = 0, []
+        for schedule in queryset:
+            firing = fire_now(default_engine, schedule)
+            if firing.run_id is None:
+                refusals.append((schedule.key, firing.error))
+            else:
+                done += 1
+        report(
+            self,
+            request,
+            done,
+            "%(count)d schedule fired.",
+            "%(count)d schedules fired.",
+            refusals,
+        )

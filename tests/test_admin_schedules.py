@@ -1,0 +1,85 @@
+"""The schedule admin: listing, validated editing, enable/disable/fire actions."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from durable_django.models import Schedule
+
+CHANGELIST = "admin:durable_django_schedule_changelist"
+
+
+@pytest.fixture
+def nightly(db) -> Schedule:
+    return Schedule.objects.put(
+        "nightly",
+        workflow="tests.plain",
+        cron="0 3 * * *",
+        timezone="Europe/Paris",
+        concurrency_key="reports",
+        concurrency_limit=1,
+    )
+
+
+def form_data(**overrides):
+    data = {
+        "key": "nightly",
+        "workflow": "tests.plain",
+        "input": "null",
+        "enabled": "on",
+        "cron": "0 4 * * *",
+        "timezone": "Europe/Paris",
+        "interval_seconds": "",
+        "concurrency_key": "",
+        "concurrency_limit": "",
+        "concurrency_statuses": "[]",
+    }
+    data.update(overrides)
+    return data
+
+
+def test_the_changelist_shows_timing_quota_and_errors(admin_client, nightly):
+    Schedule.objects.filter(pk=nightly.pk).update(last_error="window skipped: over the limit")
+    page = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert "0 3 * * * (Europe/Paris)" in page and "reports ≤ 1" in page
+    assert "window skipped: over the limit" in page
+
+
+def test_anonymous_users_are_sent_to_the_login(client, nightly):
+    assert client.get(reverse(CHANGELIST)).status_code == 302
+
+
+def test_an_edit_is_validated_and_marks_the_schedule_as_the_admins(admin_client, nightly):
+    Schedule.objects.filter(pk=nightly.pk).update(source="code")
+    url = reverse("admin:durable_django_schedule_change", args=[nightly.pk])
+    refused = admin_client.post(url, form_data(cron="0 4 * *"))
+    assert refused.status_code == 200 and "invalid cron expression" in refused.content.decode()
+    saved = admin_client.post(url, form_data(), follow=True)
+    assert "no longer follows its declaration" in saved.content.decode()
+    nightly.refresh_from_db()
+    assert (nightly.cron, nightly.source) == ("0 4 * * *", "admin")
+
+
+def test_both_or_neither_timing_is_refused_by_the_form(admin_client, db):
+    url = reverse("admin:durable_django_schedule_add")
+    page = admin_client.post(url, form_data(interval_seconds="60")).content.decode()
+    assert "exactly one of a cron expression and an interval" in page
+    assert not Schedule.objects.exists()
+
+
+def test_actions_disable_enable_and_fire(admin_client, nightly):
+    def act(action):
+        return admin_client.post(
+            reverse(CHANGELIST), {"action": action, "_selected_action": [nightly.pk]}, follow=True
+        ).content.decode()
+
+    assert "1 schedule disabled." in act("disable")
+    nightly.refresh_from_db()
+    assert not nightly.enabled and nightly.next_due_at is None
+    assert "1 schedule enabled." in act("enable")
+    nightly.refresh_from_db()
+    assert nightly.enabled and nightly.next_due_at is not None
+    assert "1 schedule fired." in act("fire")
+    # The fired run holds the schedule's only slot: the next fire is refused, and says why.
+    assert "concurrency key &#x27;reports&#x27; has 1 active run(s)" in act("fire")
