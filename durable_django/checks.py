@@ -16,7 +16,8 @@ from .status import ACTIVE_STATUSES, TERMINAL_STATUSES
 _SAFE_ISOLATION = {None, "", "read committed", "read uncommitted"}
 
 
-@checks.register(checks.Tags.database, checks.Tags.compatibility)
+# Not tagged "database": Django runs those only with --database, and this one reads settings.
+@checks.register(checks.Tags.compatibility)
 def check_databases(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Flag database settings under which the quota could admit too many runs."""
     return database_warnings(settings.DATABASES)
@@ -218,6 +219,38 @@ def quota_warnings(definitions: Iterable[Any]) -> list[checks.CheckMessage]:
                     ),
                     obj=definition.name,
                     id="durable_django.W005",
+                )
+            )
+    return messages
+
+
+@checks.register(checks.Tags.database)
+def check_schedules(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Warn about schedules whose workflow is not registered (``check --database``, and
+    ``migrate``): each of their windows would be skipped with an error."""
+    if not databases:
+        return []
+    from django.db import DatabaseError
+
+    from .engines import default_engine
+    from .models import Schedule
+
+    try:
+        rows = list(Schedule.objects.enabled().values_list("key", "workflow"))
+    except DatabaseError:
+        return []  # not migrated yet
+    messages: list[checks.CheckMessage] = []
+    for key, workflow in rows:
+        try:
+            default_engine.registry.latest(workflow)
+        except LookupError:
+            messages.append(
+                checks.Warning(
+                    f"schedule {key!r} starts workflow {workflow!r}, which is not registered",
+                    hint="Register the workflow, or disable or delete the schedule.",
+                    id="durable_django.W006",
                 )
             )
     return messages

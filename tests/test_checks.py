@@ -240,3 +240,14 @@ def test_the_workflow_check_reads_the_declared_workflows(db):
     finally:
         default_engine.registry.remove(definition.name)
     assert check_workflows() == []
+
+
+def test_a_schedule_of_an_unregistered_workflow_is_warned(db):
+    from durable_django.checks import check_schedules
+    from durable_django.models import Schedule
+
+    Schedule.objects.create(key="orphan", workflow="gone", interval_seconds=60)
+    Schedule.objects.create(key="fine", workflow="tests.plain", interval_seconds=60)
+    messages = check_schedules(databases=["default"])
+    assert [(m.id, "orphan" in m.msg) for m in messages] == [("durable_django.W006", True)]
+    assert check_schedules() == []  # only with --database
