@@ -40,6 +40,7 @@ from .stores.base import (
     quota_transaction,
     start_with_primitives,
 )
+from .tick import TickResult, tick
 
 if TYPE_CHECKING:
     from .events import PublishResult
@@ -61,25 +62,6 @@ class EngineConfig:
     lease_seconds: float
     blocked_retry_seconds: float
     pending_resend_seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class TickResult:
-    """What one tick did: runs woken from timers, recovered from dead workers, unblocked,
-    sent again after their message seemed lost; schedule windows fired, and skipped
-    (over their quota, or failing to start: see the schedule's ``last_error``)."""
-
-    woken: int = 0
-    recovered: int = 0
-    unblocked: int = 0
-    resent: int = 0
-    fired: int = 0
-    skipped_windows: int = 0
-
-    @property
-    def total(self) -> int:
-        """Everything the tick handed on or fired."""
-        return self.woken + self.recovered + self.unblocked + self.resent + self.fired
 
 
 class RunHandle:
@@ -368,7 +350,7 @@ class Engine:
             run_refused.send(sender=type(self), engine=self, workflow=run.workflow, error=error)
             raise
         if outcome.created:
-            self._send(run_id, queue)
+            self.send(run_id, queue)
             if run_started.has_listeners():
                 self.store.on_commit(
                     lambda: run_started.send(
@@ -382,8 +364,9 @@ class Engine:
                 )
         return RunHandle(self, run_id, outcome.workflow, outcome.created)
 
-    def _send(self, run_id: str, queue: str) -> None:
-        """Have a worker execute the run once the current transaction commits."""
+    def send(self, run_id: str, queue: str) -> None:
+        """Have a worker execute the run once the current transaction commits (a message on
+        ``queue``; nothing when the engine does not enqueue or its store is not shared)."""
         config = self.config
         if config.enqueue and config.store.is_shared:
             config.store.on_commit(lambda: send_run(run_id, queue))
@@ -413,7 +396,7 @@ class Engine:
             run_id, [RunStatus.SUSPENDED], RunStatus.PENDING, wake_at=None, wait=None
         )
         if woken:
-            self._send(run_id, run.queue)
+            self.send(run_id, run.queue)
         return woken
 
     def signal(self, token: str, payload: Any = None) -> None:
@@ -492,7 +475,7 @@ class Engine:
                 raise DurableError(f"run {run_id!r} changed while it was being retried")
             store.forget_failed_steps(run_id)
             store.set_quota_tag(run_id, quota.tag if quota else None)
-        self._send(run_id, run.queue)
+        self.send(run_id, run.queue)
         return RunHandle(self, run_id, run.workflow, True)
 
     # events and schedules -------------------------------------------------------------
@@ -515,51 +498,7 @@ class Engine:
         seems lost, and (on a shared store) fire the due schedule windows after syncing
         the declared schedules. Idempotent, and safe from several processes at once: each
         hand-on is a conditional update that only one ticker wins."""
-        now = now or timezone.now()
-        config = self.config
-        store = self.store
-        pending_before = now - datetime.timedelta(seconds=config.pending_resend_seconds)
-        counts = dict.fromkeys(TickResult.__dataclass_fields__, 0)
-        for run in store.due_runs(now, pending_before, limit):
-            if run.status == RunStatus.SUSPENDED:
-                kind = "woken"
-                moved = store.transition(
-                    run.run_id, [run.status], RunStatus.PENDING, wake_at=None, wait=None
-                )
-            elif run.status == RunStatus.BLOCKED:
-                kind = "unblocked"
-                moved = store.transition(
-                    run.run_id, [run.status], RunStatus.PENDING, wake_at=None, wait=None
-                )
-            elif run.status == RunStatus.RUNNING:
-                kind = "recovered"
-                moved = store.transition(
-                    run.run_id,
-                    [RunStatus.RUNNING],
-                    RunStatus.PENDING,
-                    lease_expired_before=now,
-                    lease_owner="",
-                    lease_expires_at=None,
-                )
-            else:
-                kind = "resent"
-                moved = store.transition(
-                    run.run_id,
-                    [RunStatus.PENDING],
-                    RunStatus.PENDING,
-                    updated_before=pending_before,
-                )
-            if moved:
-                counts[kind] += 1
-                self._send(run.run_id, run.queue)
-        if store.is_shared:
-            from .schedules import fire_due, sync_declared
-
-            sync_declared(self)
-            for firing in fire_due(self, now):
-                if firing.claimed:
-                    counts["fired" if firing.run_id else "skipped_windows"] += 1
-        return TickResult(**counts)
+        return tick(self, now or timezone.now(), limit)
 
     # reading ------------------------------------------------------------------------
 
