@@ -1,0 +1,554 @@
+"""The price of durability: durable runs against plain Celery tasks doing the same work.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/execution.py [--runs 2000] [--rounds 3]
+
+It (re)creates the PostgreSQL database ``durable_bench_exec`` (``--database``), migrates
+it, creates the table ``bench_exec_write``, and starts two Celery workers on the Redis
+broker ``redis://127.0.0.1:6379/13``, each one process with ``--pool=solo``: one consumes
+the durable runs' queue, the other the plain tasks' queue. Each variant has its own
+worker so that each worker's peak memory is its own.
+
+- **durable**: ``--runs`` runs of ``bench.three_writes`` (three ``ctx.step`` calls, each
+  inserting one row and returning a small JSON value), started under a quota;
+- **plain**: ``--runs`` Celery tasks making the same three inserts.
+
+A measurement empties the tables, dispatches every run (or task) from this process, and
+polls the database until all are done: the time runs from the first dispatch to the last
+completion. The variants alternate for ``--rounds`` rounds (durable first in even rounds,
+plain first in odd ones); the table shows each variant's median rate over the rounds, and
+the ratio is the median of the per-round ratios (the machine is shared: compare rows, not
+absolutes). It also shows the CPU time per run of each worker process and of its
+PostgreSQL server process, and each worker's peak memory (``VmHWM``). Before the rounds
+the script counts the PostgreSQL round trips of one run turn, executed in this process
+with libpq's protocol trace on, and lists its statements.
+
+``--connections per-task`` leaves Celery's default (a new database connection per task);
+``--prepared`` turns on Django's server-side binding with prepared statements;
+``--synchronous-commit off`` shows what the commits' flushes cost. See
+``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import datetime
+import gc
+import io
+import math
+import os
+import platform
+import pstats
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.execution_settings")
+
+TARGET = 0.5  # durable runs/s at least this fraction of plain Celery tasks/s
+POLL = 0.02  # seconds between two counts of what is done
+STALL = 60.0  # seconds without progress before a measurement is abandoned
+BENCH_TABLES = ["durable_run", "durable_run_tag", "durable_step", "durable_signal"]
+
+
+@dataclass
+class Measurement:
+    seconds: float  # first dispatch to last completion
+    dispatch: float  # first dispatch to last dispatch
+    drain: float  # runs/s of the worker once dispatching was over
+    worker_cpu: float  # ms of CPU per run: the worker process
+    server_cpu: float  # ms of CPU per run: the worker's PostgreSQL server process (NaN: unknown)
+    hwm_kb: int  # the worker's VmHWM after this measurement
+    rss_kb: int  # its VmRSS
+
+
+@dataclass
+class Variant:
+    name: str
+    label: str
+    worker: Worker
+    queue: str
+    dispatch: object  # (index) -> None
+    done: object  # () -> (done, failed)
+    measurements: list[Measurement] = field(default_factory=list)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=2000, help="runs (tasks) per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="measurements per variant")
+    parser.add_argument("--database", default="durable_bench_exec", help="PostgreSQL database")
+    parser.add_argument(
+        "--connections",
+        choices=["reuse", "per-task"],
+        default="reuse",
+        help="the workers keep their database connection across tasks (reuse), or open "
+        "one per task as Celery's Django fixup does by default (per-task)",
+    )
+    parser.add_argument(
+        "--prepared",
+        action="store_true",
+        help="the workers' connections bind parameters on the server and prepare "
+        "repeated statements (OPTIONS server_side_binding and prepare_threshold)",
+    )
+    parser.add_argument(
+        "--synchronous-commit",
+        choices=["on", "off"],
+        default="on",
+        help="the workers' synchronous_commit; 'off' (commits not waiting for the disk) "
+        "shows how much of the cost is the commits' flushes; for comparison only",
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also profile N run turns executed in this process (cProfile) and print the top",
+    )
+    return parser.parse_args()
+
+
+def recreate_database(name: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(
+        host=os.environ.get("DURABLE_BENCH_HOST", "127.0.0.1"),
+        port=os.environ.get("DURABLE_BENCH_PORT", "5432"),
+        user=os.environ.get("DURABLE_BENCH_USER", "postgres"),
+        dbname="postgres",
+        autocommit=True,
+    ) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def sql(statement: str, params: list | None = None) -> list[tuple]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def empty_tables() -> None:
+    from benchmarks.execution_work import TABLE
+
+    # No ANALYZE: the tables fill from empty, and autovacuum analyses them as they grow.
+    sql(f"TRUNCATE {', '.join([*BENCH_TABLES, TABLE])} RESTART IDENTITY CASCADE")
+
+
+# workers ------------------------------------------------------------------------------
+
+
+class Worker:
+    """A ``celery worker --pool=solo`` subprocess consuming one queue."""
+
+    def __init__(self, name: str, queue: str, app) -> None:
+        self.name = name
+        self.queue = queue
+        self.app = app
+        self.hostname = f"bench-{uuid.uuid4().hex[:12]}@localhost"
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in stop()
+            prefix="durable-bench-worker-", suffix=".log", delete=False
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, connections: str, synchronous_commit: str, prepared: bool) -> None:
+        env = dict(os.environ)
+        env.update(
+            DJANGO_SETTINGS_MODULE="benchmarks.execution_settings",
+            DURABLE_BENCH_CONNECTIONS=connections,
+            DURABLE_BENCH_APPLICATION=self.application,
+            DURABLE_BENCH_SYNCHRONOUS_COMMIT=synchronous_commit,
+            DURABLE_BENCH_PREPARED="1" if prepared else "0",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+            PYTHONUNBUFFERED="1",
+        )
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "benchmarks.execution_app",
+                "worker",
+                "--pool=solo",
+                "--concurrency=1",
+                "--loglevel=warning",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--include",
+                "benchmarks.execution_work",
+                "-Q",
+                self.queue,
+                "-n",
+                self.hostname,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited:\n{self.read_log()}")
+            if self.app.control.ping(destination=[self.hostname], timeout=0.5):
+                return
+        raise RuntimeError(f"worker not ready after 60 s:\n{self.read_log()}")
+
+    @property
+    def application(self) -> str:
+        """The ``application_name`` of the worker's database connections."""
+        return f"durable_bench_{self.name}"
+
+    def cpu(self) -> float:
+        """CPU seconds the worker process has used (user + system)."""
+        assert self.process is not None
+        return cpu_seconds(self.process.pid)
+
+    def server_cpu(self) -> tuple[frozenset[int], float]:
+        """The worker's PostgreSQL server processes, and the CPU seconds they have used."""
+        pids = frozenset(
+            pid
+            for (pid,) in sql(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                [self.application],
+            )
+        )
+        total = 0.0
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                total += cpu_seconds(pid)
+        return pids, total
+
+    def memory(self) -> tuple[int, int]:
+        """(VmHWM, VmRSS) of the worker process, in kB."""
+        values = {}
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                values[key] = int(rest.split()[0])
+        return values["VmHWM"], values["VmRSS"]
+
+    def read_log(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")
+
+    def stop(self) -> None:
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.log.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.log.name)
+
+
+def shown(value: float, digits: int = 2) -> str:
+    """``value`` with ``digits`` decimals, or "n/a" for NaN (not measured)."""
+    return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid``, from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def purge(app, queue: str) -> int:
+    with app.connection_for_write() as conn:
+        return conn.default_channel.queue_purge(queue) or 0
+
+
+# measuring ----------------------------------------------------------------------------
+
+
+def measure(variant: Variant, runs: int) -> Measurement:
+    """Dispatch ``runs`` runs (tasks) and wait until all are done."""
+    empty_tables()
+    gc.collect()
+    worker_cpu = variant.worker.cpu()
+    server_pids, server_cpu = variant.worker.server_cpu()
+    clock = time.perf_counter
+    began = clock()
+    for index in range(runs):
+        variant.dispatch(index)
+    dispatched = clock()
+    done_at_dispatch, failed = variant.done()
+    last, last_progress = done_at_dispatch, clock()
+    while True:
+        done, failed = variant.done()
+        now = clock()
+        if failed:
+            raise RuntimeError(
+                f"{variant.name}: {failed} runs failed:\n{variant.worker.read_log()}"
+            )
+        if done >= runs:
+            break
+        if done != last:
+            last, last_progress = done, now
+        elif now - last_progress > STALL:
+            raise RuntimeError(
+                f"{variant.name}: stuck at {done}/{runs}:\n{variant.worker.read_log()}"
+            )
+        time.sleep(POLL)
+    ended = clock()
+    worker_cpu = variant.worker.cpu() - worker_cpu
+    pids, server_cpu_after = variant.worker.server_cpu()
+    # Known only when the worker kept one connection (and so one server process) throughout.
+    server_cpu = server_cpu_after - server_cpu if pids == server_pids and pids else float("nan")
+    hwm, rss = variant.worker.memory()
+    left = runs - done_at_dispatch
+    drain = left / (ended - dispatched) if left and ended > dispatched else float("nan")
+    return Measurement(
+        ended - began,
+        dispatched - began,
+        drain,
+        worker_cpu * 1000 / runs,
+        server_cpu * 1000 / runs,
+        hwm,
+        rss,
+    )
+
+
+def turn_round_trips(engine, workflow) -> tuple[int, list[str]]:
+    """PostgreSQL round trips of one turn of a fresh run, and their statements."""
+    from django.db import connection
+    from psycopg import pq
+
+    handle = engine.start(workflow, {"tenant": "t0", "n": -1})
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            assert engine.execute(handle.run_id)
+        finally:
+            pgconn.untrace()
+        trace.flush()
+        trace.seek(0)
+        statements = []
+        for line in trace:
+            # Django's psycopg cursors bind client-side: every statement is one Query.
+            match = re.match(r'F\t\d+\tQuery\t "(.*)"', line)
+            if match:
+                statements.append(match.group(1))
+            elif re.match(r"F\t\d+\tSync\b", line):
+                statements.append("(extended-protocol batch)")
+    assert engine.get_run(handle.run_id).status == "completed"
+    return len(statements), statements
+
+
+def short(statement: str, width: int = 96) -> str:
+    statement = re.sub(r"'[^']*'", "'…'", statement)
+    statement = re.sub(r"\s+", " ", statement)
+    return statement if len(statement) <= width else statement[: width - 1] + "…"
+
+
+def profile_turns(engine, workflow, turns: int) -> str:
+    """cProfile of ``turns`` run turns executed in this process: the top by own time."""
+    handles = [engine.start(workflow, {"tenant": f"t{i % 10}", "n": i}) for i in range(turns)]
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for handle in handles:
+        engine.execute(handle.run_id)
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(40)
+    return out.getvalue()
+
+
+def main() -> None:
+    args = parse_args()
+    os.environ["DURABLE_BENCH_DB"] = args.database
+    os.environ["DURABLE_BENCH_CONNECTIONS"] = args.connections
+    recreate_database(args.database)
+
+    import django
+
+    django.setup()
+
+    from django.core.management import call_command
+    from django.db import connection
+
+    from benchmarks.execution_app import app
+    from benchmarks.execution_work import PLAIN_QUEUE, TABLE, TENANTS, plain_three_writes
+    from benchmarks.execution_work import three_writes as workflow
+    from durable_django import Engine
+    from durable_django.engines import default_engine
+
+    call_command("migrate", verbosity=0)
+    sql(
+        f"CREATE TABLE {TABLE} (id bigserial PRIMARY KEY, source text NOT NULL, "
+        f"step integer NOT NULL, written_at timestamptz NOT NULL DEFAULT now())"
+    )
+    durable_queue = default_engine.config.queue
+    purged = purge(app, durable_queue) + purge(app, PLAIN_QUEUE)
+
+    # One turn's round trips, and optionally a profile, in this process (no worker).
+    local = Engine(enqueue=False)
+    trips, statements = turn_round_trips(local, workflow)
+
+    def durable_dispatch(index: int) -> None:
+        workflow.dispatch({"tenant": f"t{index % TENANTS}", "n": index})
+
+    def durable_done() -> tuple[int, int]:
+        return sql(
+            "SELECT count(*) FILTER (WHERE status = 'completed'), "
+            "count(*) FILTER (WHERE status IN ('failed', 'cancelled', 'blocked')) "
+            "FROM durable_run"
+        )[0]
+
+    def plain_dispatch(index: int) -> None:
+        plain_three_writes.apply_async((uuid.uuid4().hex,), queue=PLAIN_QUEUE)
+
+    def plain_done() -> tuple[int, int]:
+        return sql(f"SELECT count(*) FROM {TABLE}")[0][0] // 3, 0
+
+    workers = {
+        "durable": Worker("durable", durable_queue, app),
+        "plain": Worker("plain", PLAIN_QUEUE, app),
+    }
+    try:
+        for worker in workers.values():
+            worker.start(args.connections, args.synchronous_commit, args.prepared)
+        variants = {
+            "durable": Variant(
+                "durable",
+                "durable: 3-step workflow",
+                workers["durable"],
+                durable_queue,
+                durable_dispatch,
+                durable_done,
+            ),
+            "plain": Variant(
+                "plain",
+                "plain Celery: 3-write task",
+                workers["plain"],
+                PLAIN_QUEUE,
+                plain_dispatch,
+                plain_done,
+            ),
+        }
+        # Warm up: imports, connections, cached plans, Celery's producer pool.
+        for variant in variants.values():
+            measure(variant, 100)
+        print(
+            f"measuring 2 variants x {args.rounds} rounds x {args.runs} runs, "
+            f"one solo worker per variant ...",
+            flush=True,
+        )
+        load_before = os.getloadavg()
+        began = time.perf_counter()
+        for number in range(args.rounds):
+            order = ["durable", "plain"] if number % 2 == 0 else ["plain", "durable"]
+            for name in order:
+                variant = variants[name]
+                m = measure(variant, args.runs)
+                variant.measurements.append(m)
+                print(
+                    f"  round {number + 1} {name:<8} {args.runs / m.seconds:7.0f} runs/s "
+                    f"({m.seconds:.2f} s, dispatch {m.dispatch:.2f} s, "
+                    f"then {m.drain:.0f}/s; CPU ms/run: worker {m.worker_cpu:.2f}, "
+                    f"its server process {shown(m.server_cpu)}; VmHWM {m.hwm_kb / 1024:.1f} MiB)",
+                    flush=True,
+                )
+        elapsed = time.perf_counter() - began
+        load_after = os.getloadavg()
+        profile = profile_turns(local, workflow, args.profile) if args.profile else ""
+    finally:
+        for worker in workers.values():
+            worker.stop()
+        purged += purge(app, durable_queue) + purge(app, PLAIN_QUEUE)
+
+    server = sql("SHOW server_version")[0][0]
+    print()
+    print(
+        f"{datetime.date.today().isoformat()}, Python {platform.python_version()}, "
+        f"PostgreSQL {server.split()[0]}, Redis broker, {os.cpu_count()} cores (shared), "
+        f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
+        f"{args.rounds} rounds x {args.runs} runs per variant in {elapsed:.0f} s; "
+        f"worker connections: {args.connections}; "
+        f"workers' synchronous_commit: {args.synchronous_commit}; "
+        f"prepared statements: {'on' if args.prepared else 'off'}"
+    )
+    print()
+    header = (
+        f"| {'variant':<28} | {'runs/s':>6} | {'per round':>17} | {'dispatch s':>10} "
+        f"| {'drain/s':>7} | {'worker CPU ms/run':>17} | {'PG CPU ms/run':>13} "
+        f"| {'VmHWM MiB':>9} | {'VmRSS MiB':>9} |"
+    )
+    print(header)
+    print("| " + " | ".join("-" * (len(c) - 2) for c in header.split("|")[1:-1]) + " |")
+    for variant in variants.values():
+        ms = variant.measurements
+        rates = [args.runs / m.seconds for m in ms]
+        print(
+            f"| {variant.label:<28} | {statistics.median(rates):>6.0f} "
+            f"| {' '.join(f'{r:.0f}' for r in rates):>17} "
+            f"| {statistics.median(m.dispatch for m in ms):>10.2f} "
+            f"| {statistics.median(m.drain for m in ms):>7.0f} "
+            f"| {statistics.median(m.worker_cpu for m in ms):>17.2f} "
+            f"| {shown(statistics.median(m.server_cpu for m in ms)):>13} "
+            f"| {max(m.hwm_kb for m in ms) / 1024:>9.1f} | {ms[-1].rss_kb / 1024:>9.1f} |"
+        )
+    print()
+    durable, plain = variants["durable"].measurements, variants["plain"].measurements
+    per_round = [p.seconds / d.seconds for d, p in zip(durable, plain, strict=True)]
+    ratio = statistics.median(per_round)
+    drains = [d.drain / p.drain for d, p in zip(durable, plain, strict=True)]
+    print(
+        f"durable/plain = {ratio:.3f}  (per round {', '.join(f'{r:.3f}' for r in per_round)})  "
+        f"target >= {TARGET}: {'met' if ratio >= TARGET else 'MISSED'}"
+    )
+    print(f"durable/plain, drain rates after dispatching = {statistics.median(drains):.3f}")
+    for label, attribute in (("worker", "worker_cpu"), ("its PostgreSQL process", "server_cpu")):
+        costs = [
+            getattr(d, attribute) / getattr(p, attribute)
+            for d, p in zip(durable, plain, strict=True)
+        ]
+        print(f"CPU per run, {label}: durable/plain = {shown(statistics.median(costs))}x")
+    print()
+    print(f"one run turn of {workflow.name!r}: {trips} PostgreSQL round trips")
+    for number, statement in enumerate(statements, 1):
+        print(f"  {number:>2}. {short(statement)}")
+    if profile:
+        print()
+        print(f"profile of {args.profile} run turns in this process:")
+        print(profile)
+    connection.close()
+    print()
+    print(f"purged {purged} messages from the Redis queues")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""The work both variants of ``benchmarks/execution.py`` do: three small database writes.
+
+- **durable**: ``three_writes``, a workflow of three ``ctx.step`` calls, each inserting one
+  row and returning a small JSON value; its runs are started under a quota (one key per
+  tenant, a limit never reached), as the project's runs are.
+- **plain**: ``plain_three_writes``, a Celery task making the same three inserts.
+
+Both write through the Django connection of the worker, one autocommitted ``INSERT`` per
+write.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+from django.db import connection
+
+from durable_django import Concurrency, workflow
+
+#: The table both variants write to (created by ``benchmarks/execution.py``).
+TABLE = "bench_exec_write"
+PLAIN_QUEUE = "durable_bench_exec_plain"
+TENANTS = 10
+
+
+def write(source: str, step: int) -> dict[str, Any]:
+    """Insert one row; return its id and the step, as a small JSON value."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {TABLE} (source, step) VALUES (%s, %s) RETURNING id", [source, step]
+        )
+        return {"id": cursor.fetchone()[0], "step": step}
+
+
+def tenant_key(input: dict[str, Any]) -> str:
+    return f"bench:{input['tenant']}"
+
+
+@workflow(name="bench.three_writes", concurrency=Concurrency(key=tenant_key, limit=1_000_000))
+def three_writes(ctx, input):
+    first = ctx.step("first", write, ctx.run_id, 1)
+    second = ctx.step("second", write, ctx.run_id, 2)
+    third = ctx.step("third", write, ctx.run_id, 3)
+    return {"ids": [first["id"], second["id"], third["id"]]}
+
+
+@shared_task(name="bench.plain_three_writes", ignore_result=True, serializer="json")
+def plain_three_writes(job_id: str) -> None:
+    write(job_id, 1)
+    write(job_id, 2)
+    write(job_id, 3)
