@@ -34,6 +34,16 @@ def wait_and_tick(engine: Engine, seconds: float = 0.06) -> None:
     run_until_idle(engine)
 
 
+def tick_until_settled(engine: Engine, run_id: str, attempts: int = 200) -> None:
+    """Tick and execute until the run ends: timers are due after real time passes, and a
+    loaded machine may need more than one round."""
+    for _ in range(attempts):
+        if engine.get_run(run_id).status in ("completed", "failed", "cancelled"):
+            return
+        wait_and_tick(engine, 0.03)
+    raise AssertionError(f"run {run_id} did not settle")
+
+
 def test_sleep_suspends_without_a_worker_and_the_tick_wakes_it(engine: Engine):
     engine.register(
         "wf",
@@ -49,7 +59,7 @@ def test_sleep_suspends_without_a_worker_and_the_tick_wakes_it(engine: Engine):
     # A suspended run holds its slot.
     with pytest.raises(ConcurrencyLimitError):
         engine.start("wf", {})
-    wait_and_tick(engine)
+    tick_until_settled(engine, handle.run_id)
     assert handle.result() == "slept"
     assert engine.tick().total == 0
 
@@ -97,7 +107,7 @@ def test_a_signal_wait_times_out(engine: Engine):
     handle = engine.start("wf", {})
     run_until_idle(engine)
     assert engine.get_run(handle.run_id).wake_at is not None
-    wait_and_tick(engine)
+    tick_until_settled(engine, handle.run_id)
     assert handle.result().startswith("timeout: no signal 'never'")
     # A signal that comes later is kept, not lost.
     engine.signal("never", 1)
@@ -205,10 +215,7 @@ def test_step_retries_wait_on_durable_timers(engine: Engine):
     run_until_idle(engine)
     run = engine.get_run(handle.run_id)
     assert run.status == RunStatus.SUSPENDED and run.wait == {"retry": "call"}
-    for _ in range(10):
-        if engine.get_run(handle.run_id).status == RunStatus.COMPLETED:
-            break
-        wait_and_tick(engine, 0.05)
+    tick_until_settled(engine, handle.run_id)
     assert handle.result() == "ok" and len(attempts) == 3
     assert engine.store.get_steps(handle.run_id)[0].result == "ok"
 
@@ -432,6 +439,6 @@ def test_a_signal_timeout_may_be_a_timedelta(engine: Engine):
     engine.register("wf", "1", body)
     handle = engine.start("wf", {})
     run_until_idle(engine)
-    wait_and_tick(engine)
+    tick_until_settled(engine, handle.run_id)
     assert handle.result() == "timeout"
     assert engine.get_run(handle.run_id).wait is None
