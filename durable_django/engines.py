@@ -31,6 +31,7 @@ from .registry import (
 )
 from .serialization import json_copy
 from .signals import run_finished, run_refused, run_started
+from .signals import send as send_signal
 from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES, RunStatus
 from .stores.base import (
     NewRun,
@@ -347,14 +348,15 @@ class Engine:
         try:
             outcome = self._store_start(run, quota, explicit_id)
         except ConcurrencyLimitError as error:
-            run_refused.send(sender=type(self), engine=self, workflow=run.workflow, error=error)
+            send_signal(run_refused, type(self), engine=self, workflow=run.workflow, error=error)
             raise
         if outcome.created:
             self.send(run_id, queue)
             if run_started.has_listeners():
                 self.store.on_commit(
-                    lambda: run_started.send(
-                        sender=type(self),
+                    lambda: send_signal(
+                        run_started,
+                        type(self),
                         engine=self,
                         run_id=run.run_id,
                         workflow=run.workflow,
@@ -427,12 +429,21 @@ class Engine:
         return cancelled
 
     def finished(self, run: RunRecord, status: str) -> None:
-        """What follows a run's end: its parent is woken, ``run_finished`` is sent."""
+        """What follows a run's end: its parent is woken, and ``run_finished`` is sent once
+        the transaction commits (at once outside one)."""
         if run.parent_id:
             self.wake(run.parent_id)
-        run_finished.send(
-            sender=type(self), engine=self, run_id=run.run_id, workflow=run.workflow, status=status
-        )
+        if run_finished.has_listeners():
+            self.store.on_commit(
+                lambda: send_signal(
+                    run_finished,
+                    type(self),
+                    engine=self,
+                    run_id=run.run_id,
+                    workflow=run.workflow,
+                    status=status,
+                )
+            )
 
     def retry(self, run_id: str, *, concurrency: quotas.ConcurrencyOption = None) -> RunHandle:
         """Start a failed run again as a new attempt, through the quota like any start.
@@ -456,8 +467,8 @@ class Engine:
                 try:
                     check_quota(store, quota, run.workflow, self.read_namespace)
                 except ConcurrencyLimitError as error:
-                    run_refused.send(
-                        sender=type(self), engine=self, workflow=run.workflow, error=error
+                    send_signal(
+                        run_refused, type(self), engine=self, workflow=run.workflow, error=error
                     )
                     raise
             restarted = store.transition(

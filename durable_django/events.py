@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import DurableError
 from .serialization import json_copy
 from .signals import event_skipped
+from .signals import send as send_signal
 
 if TYPE_CHECKING:
     from .engines import Engine, RunHandle
@@ -56,8 +57,9 @@ def publish(engine: Engine, name: str, payload: Any, id: str | None = None) -> P
             handle = engine.start(definition, payload, run_id)
         except (DurableError, TypeError, ValueError) as error:
             result.skipped.append((definition.name, error))
-            event_skipped.send(
-                sender=type(engine),
+            send_signal(
+                event_skipped,
+                type(engine),
                 engine=engine,
                 event=name,
                 event_id=id,

@@ -141,6 +141,13 @@ class Registry:
                     f"registered with a different body or options ({known.body_path}); "
                     f"register the new body under a new version"
                 )
+            for other in self._latest.values():
+                taken = {s.key for s in other.schedules} & {s.key for s in definition.schedules}
+                if other.name != definition.name and taken:
+                    raise ValueError(
+                        f"workflow {definition.name!r}: schedule key(s) {sorted(taken)} are "
+                        f"already declared by workflow {other.name!r}"
+                    )
             versions[definition.version] = definition
             self._latest[definition.name] = definition
             return definition

@@ -89,18 +89,25 @@ class ScheduleSpec:
     def build(cls, value: ScheduleSpec | Mapping[str, Any]) -> ScheduleSpec:
         """A checked spec from a spec or a dict with the same keys."""
         if isinstance(value, ScheduleSpec):
-            spec = value
+            options = {name: getattr(value, name) for name in cls.__dataclass_fields__}
         elif isinstance(value, Mapping):
             unknown = set(value) - set(cls.__dataclass_fields__)
             if unknown:
                 raise ValueError(f"unknown schedule option(s) {sorted(unknown)}")
             options = dict(value)
-            interval = options.get("interval")
-            if isinstance(interval, datetime.timedelta):
-                options["interval"] = int(interval.total_seconds())
-            spec = cls(**options)
         else:
             raise TypeError(f"a schedule is a dict or a ScheduleSpec, not {type(value).__name__}")
+        interval = options.get("interval")
+        if isinstance(interval, datetime.timedelta):
+            options["interval"] = int(interval.total_seconds())
+        concurrency = options.get("concurrency")
+        if isinstance(concurrency, quotas.Concurrency):
+            options["concurrency"] = {
+                "key": concurrency.key,
+                "limit": concurrency.limit,
+                "count_statuses": list(concurrency.count_statuses),
+            }
+        spec = cls(**options)
         if not isinstance(spec.key, str) or not spec.key or len(spec.key) > MAX_KEY_LENGTH:
             raise ValueError(f"a schedule key must be a str of 1 to {MAX_KEY_LENGTH} characters")
         validate_timing(spec.cron, spec.timezone, spec.interval)

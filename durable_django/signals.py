@@ -11,13 +11,28 @@
   ``error``.
 
 The sender is the :class:`~durable_django.Engine` class and ``engine`` the engine itself.
+A receiver that raises is logged (``durable_django.signals``) and does not change what
+the engine does: the other receivers still run, a refusal still raises
+``ConcurrencyLimitError``, a publish still starts its other subscribers.
 Receivers run in the process that sent the signal (the web process for starts, the worker
 for finishes); keep them quick.
 """
 
+import logging
+from typing import Any
+
 from django.dispatch import Signal
+
+logger = logging.getLogger("durable_django.signals")
 
 run_started = Signal()
 run_refused = Signal()
 run_finished = Signal()
 event_skipped = Signal()
+
+
+def send(signal: Signal, sender: Any, **arguments: Any) -> None:
+    """Send ``signal`` to every receiver, logging (not raising) a receiver's error."""
+    for receiver, result in signal.send_robust(sender, **arguments):
+        if isinstance(result, Exception):
+            logger.error("receiver %r of a durable_django signal raised", receiver, exc_info=result)

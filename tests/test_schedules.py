@@ -281,3 +281,43 @@ def test_put_creates_or_updates_a_validated_schedule(db):
         Schedule.objects.put("reports", cron="0 4 * *")
     assert Schedule.objects.get(key="reports").cron == "0 4 * * *"
     assert list(Schedule.objects.enabled()) == [again]
+
+
+def test_a_schedule_key_is_declared_by_one_workflow(registry):
+    engine = Engine(registry=registry, enqueue=False)
+    engine.register("a", "1", lambda ctx, i: None, schedule={"key": "k", "interval": 60})
+    with pytest.raises(ValueError, match="already declared by workflow 'a'"):
+        engine.register("b", "1", lambda ctx, i: None, schedule={"key": "k", "interval": 60})
+
+
+def test_a_spec_takes_a_timedelta_and_a_concurrency_object(registry):
+    from durable_django import Concurrency
+
+    spec = ScheduleSpec.build(
+        ScheduleSpec(
+            key="k",
+            interval=datetime.timedelta(minutes=5),
+            concurrency=Concurrency(key="reports", limit=2),
+        )
+    )
+    assert spec.interval == 300
+    assert spec.concurrency == {
+        "key": "reports",
+        "limit": 2,
+        "count_statuses": list(Concurrency(key="x", limit=1).count_statuses),
+    }
+
+
+def test_a_disabled_declared_schedule_stays_disabled(orm: Engine, admin_client):
+    from django.urls import reverse
+
+    orm.register("declared", "1", lambda ctx, i: i, schedule={"key": "d", "interval": 60})
+    orm.tick()
+    row = Schedule.objects.get(key="d")
+    admin_client.post(
+        reverse("admin:durable_django_schedule_changelist"),
+        {"action": "disable", "_selected_action": [row.pk]},
+    )
+    orm.tick()
+    row.refresh_from_db()
+    assert (row.enabled, row.source) == (False, "admin")

@@ -69,3 +69,19 @@ def test_started_is_sent_only_when_the_start_commits(orm_engine: Engine, receive
         orm_engine.start("wf", 1)
         assert received == []
     assert names(received) == ["started"]
+
+
+def test_a_failing_receiver_is_logged_and_changes_nothing(memory_engine: Engine, caplog):
+    def broken(sender, **kwargs):
+        raise RuntimeError("receiver bug")
+
+    memory_engine.register(
+        "wf", "1", lambda ctx, i: i, concurrency={"key": lambda i: "k", "limit": 0}
+    )
+    run_refused.connect(broken)
+    try:
+        with pytest.raises(ConcurrencyLimitError):
+            memory_engine.start("wf", 1)
+    finally:
+        run_refused.disconnect(broken)
+    assert "receiver" in caplog.text and "receiver bug" in caplog.text

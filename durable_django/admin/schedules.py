@@ -103,14 +103,18 @@ class ScheduleAdmin(admin.ModelAdmin):
         done = 0
         for schedule in queryset.filter(enabled=False):
             schedule.enabled = True
+            schedule.source = Schedule.Source.ADMIN  # a declaration must not undo it
             schedule.next_due_at = schedule.compute_next_due(now)
-            schedule.save(update_fields=["enabled", "next_due_at"])
+            schedule.save(update_fields=["enabled", "source", "next_due_at"])
             done += 1
         report(self, request, done, "%(count)d schedule enabled.", "%(count)d schedules enabled.")
 
     @admin.action(description="Disable the selected schedules", permissions=["change"])
     def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        done = queryset.filter(enabled=True).update(enabled=False, next_due_at=None)
+        # Marked as the admin's: a declaration in code must not enable it again.
+        done = queryset.filter(enabled=True).update(
+            enabled=False, next_due_at=None, source=Schedule.Source.ADMIN
+        )
         report(self, request, done, "%(count)d schedule disabled.", "%(count)d schedules disabled.")
 
     @admin.action(description="Fire the selected schedules now", permissions=["change"])

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from ...models import Schedule
-from .base import Subcommand, short
+from .base import Subcommand
 
 
 def timing(schedule: Schedule) -> str:
@@ -67,7 +67,7 @@ class SchedulesSubcommand(Subcommand):
                 "yes" if s.enabled else "no",
                 s.next_due_at,
                 s.last_fired_at,
-                short(s.last_error, 50)[1:-1] if s.last_error else "",
+                (s.last_error if len(s.last_error) <= 50 else s.last_error[:47] + "..."),
             ]
             for s in schedules
         ]
