@@ -15,7 +15,10 @@ Executing runs has a PostgreSQL fast path too (``fast_path=True``): a status cha
 (``transition``) is one statement updating the run and its tags together; a claim
 (``claim_run``) is one statement that also returns the run and its recorded steps; a
 step's record with the check that the worker still holds the run (``record_held_step``)
-is one statement. Elsewhere these are the ORM's queries in one transaction.
+is one statement. The usual ones of a turn (the claim, a step's record, a transition by
+the run's holder) call the functions of migration 0006, whose plans each connection
+keeps; the others are sent as SQL. Elsewhere these are the ORM's queries in one
+transaction.
 """
 
 from __future__ import annotations
@@ -255,6 +258,15 @@ class OrmStore:
     ) -> bool:
         # Expressions (F(), Value()) are for the ORM to compile.
         if self._fast() and not any(hasattr(v, "resolve_expression") for v in fields.values()):
+            if (
+                owner is not None
+                and lease_expired_before is None
+                and updated_before is None
+                and set(from_statuses) == {RunStatus.RUNNING}
+                and fields.keys() <= _HELD_FIELDS.keys()
+            ):
+                # A transition by the run's holder: one call of ``durable_transition_held``.
+                return self._transition_held(run_id, status, owner, fields)
             sql, params = _transition_sql(
                 connections[self.using],
                 run_id,
@@ -282,6 +294,20 @@ class OrmStore:
                 RunTag.objects.using(self.using).filter(run_id=run_id).update(status=status)
         return bool(changed)
 
+    def _transition_held(
+        self, run_id: str, status: str, owner: str, fields: dict[str, Any]
+    ) -> bool:
+        connection = connections[self.using]
+        params: list[Any] = [run_id, owner, str(status), timezone.now(), list(fields)]
+        for name in _HELD_FIELDS:
+            value = fields.get(name)
+            if name in fields and name in _JSON_FIELDS:
+                value = Run._meta.get_field(name).get_db_prep_save(value, connection)
+            params.append(value)
+        with connection.cursor() as cursor:
+            cursor.execute(_TRANSITION_HELD_SQL, params)
+            return bool(cursor.fetchone()[0])
+
     def claim_run(self, run_id: str, **fields: Any) -> tuple[RunRecord, list[StepRecord]] | None:
         """Move a pending run to running with ``fields``; return it and its recorded steps,
         or ``None`` when it was not pending. ``transition``, ``get_run`` and ``get_steps``
@@ -293,22 +319,18 @@ class OrmStore:
             assert run is not None
             return run, self.get_steps(run_id)
         connection = connections[self.using]
-        columns = ", ".join(f"c.{column}" for column in _RUN_COLUMNS)
-        sql, params = _transition_sql(
-            connection,
-            run_id,
-            [RunStatus.PENDING],
-            RunStatus.RUNNING,
-            None,
-            None,
-            None,
-            fields,
-            f"SELECT {columns}, ARRAY(SELECT tag FROM tagged), ("
-            "SELECT json_agg(json_build_array(s.position, s.name, s.result, s.error) "
-            "ORDER BY s.position) FROM durable_step s WHERE s.run_id = c.id) "
-            "FROM changed c",
-            returning=", ".join(_RUN_COLUMNS),
-        )
+        if fields.keys() == _CLAIM_FIELDS and fields["wake_at"] is None:
+            # The usual claim: one call of ``durable_claim_run``.
+            sql = _CLAIM_SQL
+            params = [
+                run_id,
+                fields["lease_owner"],
+                fields["lease_expires_at"],
+                fields["started_at"],
+                timezone.now(),
+            ]
+        else:
+            sql, params = self._claim_sql(connection, run_id, fields)
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             row = cursor.fetchone()
@@ -323,6 +345,26 @@ class OrmStore:
             StepRecord(position=position, name=name, result=result, error=error)
             for position, name, result, error in steps or ()
         ]
+
+    def _claim_sql(
+        self, connection: Any, run_id: str, fields: dict[str, Any]
+    ) -> tuple[str, list[Any]]:
+        columns = ", ".join(f"c.{column}" for column in _RUN_COLUMNS)
+        return _transition_sql(
+            connection,
+            run_id,
+            [RunStatus.PENDING],
+            RunStatus.RUNNING,
+            None,
+            None,
+            None,
+            fields,
+            f"SELECT {columns}, ARRAY(SELECT tag FROM tagged), ("
+            "SELECT json_agg(json_build_array(s.position, s.name, s.result, s.error) "
+            "ORDER BY s.position) FROM durable_step s WHERE s.run_id = c.id) "
+            "FROM changed c",
+            returning=", ".join(_RUN_COLUMNS),
+        )
 
     def due_runs(self, now: datetime, pending_before: datetime, limit: int) -> list[RunRecord]:
         due = (
@@ -386,18 +428,19 @@ class OrmStore:
         connection = connections[self.using]
         result = Step._meta.get_field("result").get_db_prep_save(step.result, connection)
         error = Step._meta.get_field("error").get_db_prep_save(step.error, connection)
-        if replace:
-            recorded = (
-                "recorded AS (UPDATE durable_step SET name = %s, result = %s, error = %s, "
-                'created_at = %s WHERE run_id IN (SELECT id FROM changed) AND "position" = %s)'
-            )
-            params = [step.name, result, error, timezone.now(), step.position]
-        else:
-            recorded = (
-                'recorded AS (INSERT INTO durable_step (run_id, "position", name, result, '
-                "error, created_at) SELECT id, %s, %s, %s, %s, %s FROM changed)"
-            )
-            params = [step.position, step.name, result, error, timezone.now()]
+        if not replace:
+            # The usual record: one call of ``durable_record_held_step``.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    _RECORD_HELD_SQL,
+                    [run_id, owner, step.position, step.name, result, error, timezone.now()],
+                )
+                return bool(cursor.fetchone()[0])
+        recorded = (
+            "recorded AS (UPDATE durable_step SET name = %s, result = %s, error = %s, "
+            'created_at = %s WHERE run_id IN (SELECT id FROM changed) AND "position" = %s)'
+        )
+        params = [step.name, result, error, timezone.now(), step.position]
         sql, held_params = _transition_sql(
             connection,
             run_id,
@@ -492,6 +535,29 @@ _RUN_COLUMNS = (
     "lease_owner",
     "lease_expires_at",
 )
+
+#: The PostgreSQL functions of migration 0006, as the fast path calls them.
+_CLAIM_SQL = "SELECT * FROM durable_claim_run(%s, %s, %s, %s, %s)"
+_RECORD_HELD_SQL = "SELECT durable_record_held_step(%s, %s, %s::integer, %s, %s, %s, %s)"
+_TRANSITION_HELD_SQL = (
+    "SELECT durable_transition_held(%s, %s, %s, %s, %s::text[], %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+#: The fields of a claim that ``durable_claim_run`` makes (``wake_at`` is cleared).
+_CLAIM_FIELDS = frozenset({"lease_owner", "lease_expires_at", "started_at", "wake_at"})
+#: The fields ``durable_transition_held`` can set, in the order of its arguments.
+_HELD_FIELDS = dict.fromkeys(
+    [
+        "lease_owner",
+        "lease_expires_at",
+        "blocked_reason",
+        "output",
+        "error",
+        "finished_at",
+        "wait",
+        "wake_at",
+    ]
+)
+_JSON_FIELDS = frozenset({"output", "error", "wait"})
 
 _STEP_SQL = (
     'INSERT INTO durable_step (run_id, "position", name, result, error, created_at) '
