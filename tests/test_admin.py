@@ -232,7 +232,9 @@ def test_the_change_page_of_a_failed_run_shows_the_error_readably(admin_client, 
 # actions -------------------------------------------------------------------------------
 
 
-def test_cancel_goes_through_the_engine_and_names_runs_already_ended(admin_client):
+def test_cancel_goes_through_the_engine_and_names_runs_already_ended(
+    admin_client, django_capture_on_commit_callbacks
+):
     received = []
     from durable_django.signals import run_finished
 
@@ -245,7 +247,9 @@ def test_cancel_goes_through_the_engine_and_names_runs_already_ended(admin_clien
         done = default_engine.start("tests.plain", {}).run_id
         run_until_idle()
         third = start_echo()
-        response = post_action(admin_client, "cancel_runs", [first, second, third, done])
+        # run_finished is sent once the cancel commits.
+        with django_capture_on_commit_callbacks(execute=True):
+            response = post_action(admin_client, "cancel_runs", [first, second, third, done])
     finally:
         run_finished.disconnect(on_finished)
     assert response.status_code == 200
