@@ -38,3 +38,25 @@ def echo(ctx, input):
 def force_status(engine: Engine, run_id: str, status: str, **fields) -> None:
     """Put a run in ``status`` whatever it was, as a worker or an operator would."""
     assert engine.store.transition(run_id, RunStatus.values, status, **fields)
+
+
+def boom(ctx, input):
+    ctx.step("shout", str.upper, input.get("text", ""))
+    raise RuntimeError("the reply service is down")
+
+
+@pytest.fixture
+def failing_workflow():
+    """``tests.boom`` on the default engine, keyed like ``tests.echo`` (limit 3): its runs
+    record one step, then fail."""
+    from durable_django import Concurrency
+    from durable_django import engine as default_engine
+
+    definition = default_engine.register(
+        "tests.boom",
+        "1",
+        boom,
+        concurrency=Concurrency(key=lambda input: input.get("key"), limit=3),
+    )
+    yield definition
+    default_engine.registry.remove(definition.name)

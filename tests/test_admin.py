@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from durable_django import Concurrency, RunStatus
+from durable_django import RunStatus
 from durable_django import engine as default_engine
 from durable_django.models import Run
 from durable_django.testing import run_until_idle
@@ -22,30 +22,12 @@ def change_url(run_id: str) -> str:
     return reverse("admin:durable_django_run_change", args=[run_id])
 
 
-def boom(ctx, input):
-    ctx.step("shout", str.upper, input.get("text", ""))
-    raise RuntimeError("the reply service is down")
-
-
-@pytest.fixture
-def failing_workflow():
-    """A workflow, keyed like ``tests.echo`` (limit 3), whose runs fail."""
-    definition = default_engine.register(
-        "tests.admin.boom",
-        "1",
-        boom,
-        concurrency=Concurrency(key=lambda input: input.get("key"), limit=3),
-    )
-    yield definition
-    default_engine.registry.remove(definition.name)
-
-
 def start_echo(key: str = "tenant:acme", **input) -> str:
     return default_engine.start("tests.echo", {"key": key, "text": "hi", **input}).run_id
 
 
 def failed_run(key: str = "tenant:acme") -> str:
-    run_id = default_engine.start("tests.admin.boom", {"key": key, "text": "hi"}).run_id
+    run_id = default_engine.start("tests.boom", {"key": key, "text": "hi"}).run_id
     run_until_idle()
     assert default_engine.get_run(run_id).status == RunStatus.FAILED
     return run_id

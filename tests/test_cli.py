@@ -14,7 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from durable_django import Concurrency, RunStatus
+from durable_django import RunStatus
 from durable_django import engine as default_engine
 from durable_django.management.cli import SUBCOMMANDS, load_subcommands
 from durable_django.testing import run_until_idle
@@ -32,23 +32,6 @@ def durable(*args: str) -> str:
 
 def durable_json(*args: str):
     return json.loads(durable(*args, "--json"))
-
-
-def boom(ctx, input):
-    ctx.step("shout", str.upper, input.get("text", ""))
-    raise RuntimeError("the reply service is down")
-
-
-@pytest.fixture
-def failing_workflow():
-    definition = default_engine.register(
-        "tests.cli.boom",
-        "1",
-        boom,
-        concurrency=Concurrency(key=lambda input: input.get("key"), limit=3),
-    )
-    yield definition
-    default_engine.registry.remove(definition.name)
 
 
 def start_echo(key: str = "tenant:acme", **extra) -> str:
@@ -173,7 +156,7 @@ def test_show_a_completed_run_and_its_steps(db):
 
 
 def test_show_a_failed_run(db, failing_workflow):
-    run_id = default_engine.start("tests.cli.boom", {"key": "k", "text": "x"}).run_id
+    run_id = default_engine.start("tests.boom", {"key": "k", "text": "x"}).run_id
     run_until_idle()
     text = durable("show", run_id)
     assert "\nerror\n  builtins.RuntimeError: the reply service is down\n" in text
@@ -214,7 +197,7 @@ def test_cancel_an_unknown_run_fails_after_handling_the_others(db):
 
 
 def test_retry_a_failed_run(db, failing_workflow):
-    run_id = default_engine.start("tests.cli.boom", {"key": "k", "text": "x"}).run_id
+    run_id = default_engine.start("tests.boom", {"key": "k", "text": "x"}).run_id
     run_until_idle()
     assert durable("retry", run_id) == f"retried  {run_id}: pending, attempt 2\n"
     run_until_idle()
@@ -222,7 +205,7 @@ def test_retry_a_failed_run(db, failing_workflow):
 
 
 def test_retry_refused_by_the_quota_exits_75(db, failing_workflow):
-    run_id = default_engine.start("tests.cli.boom", {"key": "tenant:busy"}).run_id
+    run_id = default_engine.start("tests.boom", {"key": "tenant:busy"}).run_id
     run_until_idle()
     for _ in range(3):
         start_echo("tenant:busy")

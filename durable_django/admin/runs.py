@@ -153,29 +153,8 @@ class RunAdmin(admin.ModelAdmin):
         ),
         (_("Worker"), {"fields": ["lease_owner", "lease_expires_at"]}),
     ]
-    readonly_fields = [
-        "id",
-        "workflow",
-        "version",
-        "namespace",
-        "status_display",
-        "attempt",
-        "queue",
-        "parent_link",
-        "children_link",
-        "input_display",
-        "output_display",
-        "error_display",
-        "wait_display",
-        "wake_at",
-        "blocked_reason",
-        "created_at",
-        "started_at",
-        "updated_at",
-        "finished_at",
-        "lease_owner",
-        "lease_expires_at",
-    ]
+    # Everything shown is read-only: a run changes only through the engine.
+    readonly_fields = [name for _, options in fieldsets for name in options["fields"]]
 
     # reading ----------------------------------------------------------------------------
 
