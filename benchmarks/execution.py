@@ -121,23 +121,6 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def recreate_database(name: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(
-        host=os.environ.get("DURABLE_BENCH_HOST", "127.0.0.1"),
-        port=os.environ.get("DURABLE_BENCH_PORT", "5432"),
-        user=os.environ.get("DURABLE_BENCH_USER", "postgres"),
-        dbname="postgres",
-        autocommit=True,
-    ) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-
-
 def sql(statement: str, params: list | None = None) -> list[tuple]:
     from django.db import connection
 
@@ -391,6 +374,8 @@ def main() -> None:
     args = parse_args()
     os.environ["DURABLE_BENCH_DB"] = args.database
     os.environ["DURABLE_BENCH_CONNECTIONS"] = args.connections
+    from benchmarks.database import recreate_database
+
     recreate_database(args.database)
 
     import django

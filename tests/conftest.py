@@ -60,3 +60,24 @@ def failing_workflow():
     )
     yield definition
     default_engine.registry.remove(definition.name)
+
+
+@pytest.fixture(scope="module")
+def broker():
+    """The Redis broker the worker tests send to. Without one they are skipped, except on
+    CI (``CI`` set), where a missing broker is a failure."""
+    import os
+
+    import redis
+
+    from .worker import app, broker_client
+
+    client = broker_client()
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no Redis broker at {app.conf.broker_url}: {error}")
+    yield client
+    client.close()

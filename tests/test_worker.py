@@ -25,7 +25,6 @@ from tests.testapp.workflows import EchoWorkflow, plain
 from .celery_app import app
 from .worker import (
     Worker,
-    broker_client,
     decode_message,
     delete_queue,
     queued_count,
@@ -41,17 +40,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 class Rollback(Exception):
     """Raised to roll an ``atomic`` block back."""
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[redis.Redis]:
-    client = broker_client()
-    try:
-        client.ping()
-    except redis.RedisError as error:
-        pytest.skip(f"no Redis broker at {app.conf.broker_url}: {error}")
-    yield client
-    client.close()
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,6 @@ from .worker import (
     PRIORITIES,
     WAIT,
     Worker,
-    broker_client,
     delete_queue,
     queue_keys,
     queued_run_ids,
@@ -153,17 +152,6 @@ def stall(worker: Worker, run_id: str) -> None:
 def purge(client: redis.Redis, queue: str) -> None:
     """Drop the messages waiting on ``queue`` (at every priority): they are lost."""
     client.delete(*queue_keys(queue)[: 1 + len(PRIORITIES)])
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[redis.Redis]:
-    client = broker_client()
-    try:
-        client.ping()
-    except redis.RedisError as error:
-        pytest.skip(f"no Redis broker at {app.conf.broker_url}: {error}")
-    yield client
-    client.close()
 
 
 @pytest.fixture(scope="module")
