@@ -320,7 +320,6 @@ class Engine:
         namespace: str | None,
         *,
         parent_id: str | None = None,
-        attempt: int = 1,
     ) -> RunHandle:
         config = self.config
         explicit_id = run_id is not None
@@ -343,7 +342,6 @@ class Engine:
             tags=tuple(dict.fromkeys(all_tags)),
             queue=queue,
             parent_id=parent_id,
-            attempt=attempt,
         )
         try:
             outcome = self._store_start(run, quota, explicit_id)
