@@ -119,6 +119,8 @@ class Context:
         self._recorded = {step.position: step for step in steps}
         self._position = 0
         self.lease_lost = threading.Event()
+        #: A record kept in memory until the body's next durable call or the turn's end.
+        self.unwritten: StepRecord | None = None
 
     @property
     def run_id(self) -> str:
@@ -135,6 +137,9 @@ class Context:
     def _next(self, name: str) -> tuple[int, StepRecord | None]:
         if self.lease_lost.is_set():
             raise LeaseLost(self.run_id)
+        if self.unwritten is not None:
+            step, self.unwritten = self.unwritten, None
+            self._record(step)
         position = self._position
         self._position += 1
         recorded = self._recorded.get(position)
@@ -170,13 +175,23 @@ class Context:
             raise LeaseLost(self.run_id)
         self._recorded[step.position] = step
 
+    def _record_later(self, step: StepRecord) -> None:
+        """Record ``step`` before the body's next durable call, or with the turn's end.
+
+        Nothing the body does between two durable calls is durable, so writing the
+        record then loses nothing a crash would not lose anyway; the turn's last record
+        is written by the statement that ends the turn, one commit instead of two.
+        """
+        self._recorded[step.position] = step
+        self.unwritten = step
+
     def _once(self, name: str, make: Callable[[], Any]) -> Any:
         """Record ``make()`` at the next position the first time; replay it after."""
         position, recorded = self._next(name)
         if recorded is not None:
             return recorded.result
         result = json_copy(_outside_body(make), f"the result of {name!r}")
-        self._record(StepRecord(position, name, result=result))
+        self._record_later(StepRecord(position, name, result=result))
         return result
 
     # durable calls ------------------------------------------------------------------
@@ -224,7 +239,10 @@ class Context:
             raise StepError(name, failure) from error
         # A result that is not JSON is a bug in the step, not a failure worth retrying.
         result = json_copy(value, f"the result of step {name!r}")
-        self._record(StepRecord(position, name, result=result), replace=attempt > 1)
+        if attempt > 1:
+            self._record(StepRecord(position, name, result=result), replace=True)
+        else:
+            self._record_later(StepRecord(position, name, result=result))
         return result
 
     def now(self) -> datetime.datetime:
@@ -545,11 +563,12 @@ def execute_run(engine: Engine, run_id: str) -> bool:
         return True
     finally:
         current_context.reset(token)
-    finished = store.transition(
+    finished = _end_turn(
+        store,
         run_id,
-        [RunStatus.RUNNING],
+        owner,
         status,
-        owner=owner,
+        context.unwritten,
         lease_owner="",
         lease_expires_at=None,
         blocked_reason="",
@@ -558,6 +577,23 @@ def execute_run(engine: Engine, run_id: str) -> bool:
     if finished:
         _after_turn(engine, run, status, fields.get("wait"))
     return True
+
+
+def _end_turn(
+    store: Any, run_id: str, owner: str, status: str, step: StepRecord | None, **fields: Any
+) -> bool:
+    """The holder's transition ending the turn, with the turn's unwritten record if any."""
+    if step is None:
+        return store.transition(run_id, [RunStatus.RUNNING], status, owner=owner, **fields)
+    end_turn = getattr(store, "end_turn", None)
+    if end_turn is not None:
+        # One statement on PostgreSQL.
+        return end_turn(run_id, owner, status, step, **fields)
+    with store.atomic():
+        if not store.transition(run_id, [RunStatus.RUNNING], status, owner=owner, **fields):
+            return False
+        store.record_step(run_id, step)
+        return True
 
 
 def _run_body(body: Callable[[Any, Any], Any], context: Context) -> tuple[str, dict[str, Any]]:

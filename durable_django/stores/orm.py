@@ -294,8 +294,27 @@ class OrmStore:
                 RunTag.objects.using(self.using).filter(run_id=run_id).update(status=status)
         return bool(changed)
 
+    def end_turn(
+        self, run_id: str, owner: str, status: str, step: StepRecord, **fields: Any
+    ) -> bool:
+        """``transition(run_id, [RUNNING], status, owner=owner, **fields)`` and, when it
+        happens, ``record_step(run_id, step)``, in one transaction; on PostgreSQL one
+        statement. The turn's last step is recorded with the transition ending the turn."""
+        if not self._fast() or not fields.keys() <= _HELD_FIELDS.keys():
+            with transaction.atomic(using=self.using):
+                if not self.transition(run_id, [RunStatus.RUNNING], status, owner=owner, **fields):
+                    return False
+                self.record_step(run_id, step)
+            return True
+        return self._transition_held(run_id, status, owner, fields, step)
+
     def _transition_held(
-        self, run_id: str, status: str, owner: str, fields: dict[str, Any]
+        self,
+        run_id: str,
+        status: str,
+        owner: str,
+        fields: dict[str, Any],
+        step: StepRecord | None = None,
     ) -> bool:
         connection = connections[self.using]
         params: list[Any] = [run_id, owner, str(status), timezone.now(), list(fields)]
@@ -304,6 +323,10 @@ class OrmStore:
             if name in fields and name in _JSON_FIELDS:
                 value = Run._meta.get_field(name).get_db_prep_save(value, connection)
             params.append(value)
+        if step is None:
+            params += [None, None, None, None]
+        else:
+            params += [step.position, step.name, *_step_json(step, connection)]
         with connection.cursor() as cursor:
             cursor.execute(_TRANSITION_HELD_SQL, params)
             return bool(cursor.fetchone()[0])
@@ -328,6 +351,9 @@ class OrmStore:
                 fields["lease_expires_at"],
                 fields["started_at"],
                 timezone.now(),
+                # Outside a transaction of the caller's, the claim's commit need not wait
+                # for the disk (migration 0007 says why that is safe).
+                not connection.in_atomic_block,
             ]
         else:
             sql, params = self._claim_sql(connection, run_id, fields)
@@ -391,18 +417,11 @@ class OrmStore:
             return
         if self._fast():
             connection = connections[self.using]
-            result, error = Step._meta.get_field("result"), Step._meta.get_field("error")
             with connection.cursor() as cursor:
                 cursor.execute(
                     _STEP_SQL,
-                    [
-                        run_id,
-                        step.position,
-                        step.name,
-                        result.get_db_prep_save(step.result, connection),
-                        error.get_db_prep_save(step.error, connection),
-                        timezone.now(),
-                    ],
+                    [run_id, step.position, step.name, *_step_json(step, connection)]
+                    + [timezone.now()],
                 )
             return
         steps.create(
@@ -426,8 +445,7 @@ class OrmStore:
                 self.record_step(run_id, step, replace=replace)
             return True
         connection = connections[self.using]
-        result = Step._meta.get_field("result").get_db_prep_save(step.result, connection)
-        error = Step._meta.get_field("error").get_db_prep_save(step.error, connection)
+        result, error = _step_json(step, connection)
         if not replace:
             # The usual record: one call of ``durable_record_held_step``.
             with connection.cursor() as cursor:
@@ -536,11 +554,12 @@ _RUN_COLUMNS = (
     "lease_expires_at",
 )
 
-#: The PostgreSQL functions of migration 0006, as the fast path calls them.
-_CLAIM_SQL = "SELECT * FROM durable_claim_run(%s, %s, %s, %s, %s)"
+#: The PostgreSQL functions of migrations 0006 and 0007, as the fast path calls them.
+_CLAIM_SQL = "SELECT * FROM durable_claim_run(%s, %s, %s, %s, %s, %s)"
 _RECORD_HELD_SQL = "SELECT durable_record_held_step(%s, %s, %s::integer, %s, %s, %s, %s)"
 _TRANSITION_HELD_SQL = (
-    "SELECT durable_transition_held(%s, %s, %s, %s, %s::text[], %s, %s, %s, %s, %s, %s, %s, %s)"
+    "SELECT durable_transition_held("
+    "%s, %s, %s, %s, %s::text[], %s, %s, %s, %s, %s, %s, %s, %s, %s::integer, %s, %s, %s)"
 )
 #: The fields of a claim that ``durable_claim_run`` makes (``wake_at`` is cleared).
 _CLAIM_FIELDS = frozenset({"lease_owner", "lease_expires_at", "started_at", "wake_at"})
@@ -614,6 +633,14 @@ def _transition_sql(
         )
         params.append(str(status))
     return f"{sql} {select}", params
+
+
+def _step_json(step: StepRecord, connection: Any) -> tuple[Any, Any]:
+    """A step's result and error, as the database takes them."""
+    return (
+        Step._meta.get_field("result").get_db_prep_save(step.result, connection),
+        Step._meta.get_field("error").get_db_prep_save(step.error, connection),
+    )
 
 
 def _record(row: Run, tags: list[str] | None = None) -> RunRecord:
