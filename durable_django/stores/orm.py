@@ -418,10 +418,9 @@ class OrmStore:
         if self._fast():
             connection = connections[self.using]
             with connection.cursor() as cursor:
+                result, error = _step_json(step, connection)
                 cursor.execute(
-                    _STEP_SQL,
-                    [run_id, step.position, step.name, *_step_json(step, connection)]
-                    + [timezone.now()],
+                    _STEP_SQL, [run_id, step.position, step.name, result, error, timezone.now()]
                 )
             return
         steps.create(
