@@ -120,7 +120,8 @@ class RunTagQuerySet(models.QuerySet["RunTag"]):
 class RunTag(models.Model):
     """A tag on a run, with a copy of the run's status and namespace for indexed counts."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tag_rows")
+    # No index of its own: the unique (run, tag) constraint's index leads with the run.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tag_rows", db_index=False)
     tag = models.CharField(max_length=255)
     status = models.CharField(
         max_length=16,
@@ -149,7 +150,8 @@ class RunTag(models.Model):
 class Step(models.Model):
     """A recorded ``ctx.step``: its position in the body, its name and its outcome."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: the unique (run, position) constraint's index leads with the run.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     position = models.PositiveIntegerField()
     name = models.CharField(max_length=200)
     result = models.JSONField(null=True, blank=True)
