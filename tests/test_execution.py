@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection, transaction
 
 from durable_django import Engine, RunFailed, RunStatus
 from durable_django.errors import RunTimeout
+from durable_django.registry import Registry
+from durable_django.stores import OrmStore
 from durable_django.testing import run_until_idle
 
 from .conftest import force_status
@@ -127,3 +130,96 @@ def test_waiting_on_an_unfinished_run_times_out(engine: Engine):
     handle = engine.start("wf", {})
     with pytest.raises(RunTimeout, match="still pending"):
         handle.result(timeout=0.05)
+
+
+def test_a_step_is_recorded_before_the_next_durable_call_runs(engine: Engine):
+    def recorded_names(run_id):
+        return [s.name for s in engine.store.get_steps(run_id)]
+
+    def body(ctx, input):
+        ctx.step("first", lambda: 1)
+        seen = ctx.step("second", recorded_names, ctx.run_id)
+        return seen
+
+    engine.register("wf", "1", body)
+    handle = engine.start("wf", {})
+    run_until_idle(engine)
+    # The second step's function saw the first step's record already written ...
+    assert handle.result() == ["first"]
+    # ... and the last record was written with the end of the turn.
+    assert [s.name for s in engine.store.get_steps(handle.run_id)] == ["first", "second"]
+
+
+@pytest.mark.parametrize(
+    ("ending", "status", "names"),
+    [
+        ("fail", "failed", ["first"]),
+        ("sleep", "suspended", ["first", "durable.sleep"]),
+        ("now", "completed", ["first", "durable.now"]),
+    ],
+)
+def test_the_last_record_is_written_with_any_end_of_the_turn(
+    engine: Engine, ending: str, status: str, names: list[str]
+):
+    def body(ctx, input):
+        ctx.step("first", lambda: 1)
+        if ending == "fail":
+            raise ValueError("after the step")
+        if ending == "sleep":
+            ctx.sleep(3600)
+        return ctx.now().isoformat()
+
+    engine.register("wf", "1", body)
+    handle = engine.start("wf", {})
+    run_until_idle(engine)
+    assert engine.get_run(handle.run_id).status == status
+    assert [s.name for s in engine.store.get_steps(handle.run_id)] == names
+
+
+def test_a_turn_whose_run_was_cancelled_records_nothing_at_its_end(engine: Engine):
+    def body(ctx, input):
+        # Cancelled while its only step runs: the end of the turn finds the run no
+        # longer held, and the step's record, which would go with it, is not written.
+        return ctx.step("cancel", lambda: engine.cancel(ctx.run_id))
+
+    engine.register("wf", "1", body)
+    handle = engine.start("wf", {})
+    run_until_idle(engine)
+    assert engine.get_run(handle.run_id).status == "cancelled"
+    assert engine.store.get_steps(handle.run_id) == []
+
+
+def show_synchronous_commit() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's claim function")
+@pytest.mark.django_db(transaction=True)
+def test_the_claims_asynchronous_commit_stays_with_the_claim(registry: Registry):
+    engine = Engine(store=OrmStore(), registry=registry, enqueue=False)
+
+    def body(ctx, input):
+        # The body's own writes, on the worker's connection, commit as configured.
+        return ctx.step("mode", show_synchronous_commit)
+
+    engine.register("wf", "1", body)
+    assert show_synchronous_commit() == "on"
+    handle = engine.start("wf", {})
+    assert engine.execute(handle.run_id)
+    assert handle.result() == "on"
+    assert show_synchronous_commit() == "on"
+
+    # The function sets it for the claim's own transaction only, and only when asked:
+    # a claim inside a transaction of the caller's leaves the caller's commit alone.
+    for async_commit, inside in ((True, "off"), (False, "on")):
+        run_id = engine.start("wf", {}).run_id
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT r_status FROM durable_claim_run(%s, 'me', now(), now(), now(), %s)",
+                [run_id, async_commit],
+            )
+            assert cursor.fetchone()[0] == "running"
+            assert show_synchronous_commit() == inside
+        assert show_synchronous_commit() == "on"
