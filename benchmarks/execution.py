@@ -5,19 +5,22 @@ Run from the repository root::
     .venv/bin/python benchmarks/execution.py [--runs 2000] [--rounds 3]
 
 It (re)creates the PostgreSQL database ``durable_bench_exec`` (``--database``), migrates
-it, creates the table ``bench_exec_write``, and starts two Celery workers on the Redis
-broker ``redis://127.0.0.1:6379/13``, each one process with ``--pool=solo``: one consumes
-the durable runs' queue, the other the plain tasks' queue. Each variant has its own
-worker so that each worker's peak memory is its own.
+it, creates the tables ``bench_exec_write`` and ``bench_exec_floor``, and starts three
+Celery workers on the Redis broker ``redis://127.0.0.1:6379/13``, each one process with
+``--pool=solo`` consuming one variant's queue, so that each worker's peak memory is its
+own.
 
 - **durable**: ``--runs`` runs of ``bench.three_writes`` (three ``ctx.step`` calls, each
   inserting one row and returning a small JSON value), started under a quota;
-- **plain**: ``--runs`` Celery tasks making the same three inserts.
+- **plain**: ``--runs`` Celery tasks making the same three inserts;
+- **floor**: the plain task plus the commits a durable turn adds (the claim's, two step
+  records', the end of the turn's), each the cheapest one-row insert: what any design
+  committing that often would cost at best.
 
 A measurement empties the tables, dispatches every run (or task) from this process, and
 polls the database until all are done: the time runs from the first dispatch to the last
-completion. The variants alternate for ``--rounds`` rounds (durable first in even rounds,
-plain first in odd ones); the table shows each variant's median rate over the rounds, and
+completion. The variants take turns for ``--rounds`` rounds, each round starting with
+another variant; the table shows each variant's median rate over the rounds, and
 the ratio is the median of the per-round ratios (the machine is shared: compare rows, not
 absolutes). It also shows the CPU time per run of each worker process and of its
 PostgreSQL server process, and each worker's peak memory (``VmHWM``). Before the rounds
@@ -130,10 +133,10 @@ def sql(statement: str, params: list | None = None) -> list[tuple]:
 
 
 def empty_tables() -> None:
-    from benchmarks.execution_work import TABLE
+    from benchmarks.execution_work import FLOOR_TABLE, TABLE
 
     # No ANALYZE: the tables fill from empty, and autovacuum analyses them as they grow.
-    sql(f"TRUNCATE {', '.join([*BENCH_TABLES, TABLE])} RESTART IDENTITY CASCADE")
+    sql(f"TRUNCATE {', '.join([*BENCH_TABLES, TABLE, FLOOR_TABLE])} RESTART IDENTITY CASCADE")
 
 
 # workers ------------------------------------------------------------------------------
@@ -386,7 +389,15 @@ def main() -> None:
     from django.db import connection
 
     from benchmarks.execution_app import app
-    from benchmarks.execution_work import PLAIN_QUEUE, TABLE, TENANTS, plain_three_writes
+    from benchmarks.execution_work import (
+        FLOOR_QUEUE,
+        FLOOR_TABLE,
+        PLAIN_QUEUE,
+        TABLE,
+        TENANTS,
+        floor_three_writes,
+        plain_three_writes,
+    )
     from benchmarks.execution_work import three_writes as workflow
     from durable_django import Engine
     from durable_django.engines import default_engine
@@ -396,8 +407,13 @@ def main() -> None:
         f"CREATE TABLE {TABLE} (id bigserial PRIMARY KEY, source text NOT NULL, "
         f"step integer NOT NULL, written_at timestamptz NOT NULL DEFAULT now())"
     )
+    sql(
+        f"CREATE TABLE {FLOOR_TABLE} (id bigserial PRIMARY KEY, source text NOT NULL, "
+        f"kind text NOT NULL, written_at timestamptz NOT NULL DEFAULT now())"
+    )
     durable_queue = default_engine.config.queue
-    purged = purge(app, durable_queue) + purge(app, PLAIN_QUEUE)
+    queues = [durable_queue, PLAIN_QUEUE, FLOOR_QUEUE]
+    purged = sum(purge(app, queue) for queue in queues)
 
     # One turn's round trips, and optionally a profile, in this process (no worker).
     local = Engine(enqueue=False)
@@ -419,9 +435,16 @@ def main() -> None:
     def plain_done() -> tuple[int, int]:
         return sql(f"SELECT count(*) FROM {TABLE}")[0][0] // 3, 0
 
+    def floor_dispatch(index: int) -> None:
+        floor_three_writes.apply_async((uuid.uuid4().hex,), queue=FLOOR_QUEUE)
+
+    def floor_done() -> tuple[int, int]:
+        return sql(f"SELECT count(*) FROM {FLOOR_TABLE} WHERE kind = 'end'")[0][0], 0
+
     workers = {
         "durable": Worker("durable", durable_queue, app),
         "plain": Worker("plain", PLAIN_QUEUE, app),
+        "floor": Worker("floor", FLOOR_QUEUE, app),
     }
     try:
         for worker in workers.values():
@@ -443,19 +466,29 @@ def main() -> None:
                 plain_dispatch,
                 plain_done,
             ),
+            "floor": Variant(
+                "floor",
+                "floor: plain + turn commits",
+                workers["floor"],
+                FLOOR_QUEUE,
+                floor_dispatch,
+                floor_done,
+            ),
         }
         # Warm up: imports, connections, cached plans, Celery's producer pool.
         for variant in variants.values():
             measure(variant, 100)
         print(
-            f"measuring 2 variants x {args.rounds} rounds x {args.runs} runs, "
+            f"measuring {len(variants)} variants x {args.rounds} rounds x {args.runs} runs, "
             f"one solo worker per variant ...",
             flush=True,
         )
         load_before = os.getloadavg()
         began = time.perf_counter()
         for number in range(args.rounds):
-            order = ["durable", "plain"] if number % 2 == 0 else ["plain", "durable"]
+            # Each round starts with another variant.
+            names = list(variants)
+            order = names[number % len(names) :] + names[: number % len(names)]
             for name in order:
                 variant = variants[name]
                 m = measure(variant, args.runs)
@@ -473,7 +506,7 @@ def main() -> None:
     finally:
         for worker in workers.values():
             worker.stop()
-        purged += purge(app, durable_queue) + purge(app, PLAIN_QUEUE)
+        purged += sum(purge(app, queue) for queue in queues)
 
     server = sql("SHOW server_version")[0][0]
     print()
@@ -508,14 +541,25 @@ def main() -> None:
         )
     print()
     durable, plain = variants["durable"].measurements, variants["plain"].measurements
-    per_round = [p.seconds / d.seconds for d, p in zip(durable, plain, strict=True)]
-    ratio = statistics.median(per_round)
-    drains = [d.drain / p.drain for d, p in zip(durable, plain, strict=True)]
+    floor = variants["floor"].measurements
+
+    def ratio(faster: list[Measurement], slower: list[Measurement]) -> tuple[float, list[float]]:
+        """The median of the per-round rate ratios slower/faster, and the ratios."""
+        rounds = [f.seconds / s.seconds for s, f in zip(slower, faster, strict=True)]
+        return statistics.median(rounds), rounds
+
+    value, per_round = ratio(plain, durable)
     print(
-        f"durable/plain = {ratio:.3f}  (per round {', '.join(f'{r:.3f}' for r in per_round)})  "
-        f"target >= {TARGET}: {'met' if ratio >= TARGET else 'MISSED'}"
+        f"durable/plain = {value:.3f}  (per round {', '.join(f'{r:.3f}' for r in per_round)})  "
+        f"target >= {TARGET}: {'met' if value >= TARGET else 'MISSED'}"
     )
+    drains = [d.drain / p.drain for d, p in zip(durable, plain, strict=True)]
     print(f"durable/plain, drain rates after dispatching = {statistics.median(drains):.3f}")
+    for label, (value, per_round) in (
+        ("floor/plain (the best this many commits allow)", ratio(plain, floor)),
+        ("durable/floor (how close to it)", ratio(floor, durable)),
+    ):
+        print(f"{label} = {value:.3f}  (per round {', '.join(f'{r:.3f}' for r in per_round)})")
     for label, attribute in (("worker", "worker_cpu"), ("its PostgreSQL process", "server_cpu")):
         costs = [
             getattr(d, attribute) / getattr(p, attribute)

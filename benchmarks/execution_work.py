@@ -1,9 +1,13 @@
-"""The work both variants of ``benchmarks/execution.py`` do: three small database writes.
+"""The work the variants of ``benchmarks/execution.py`` do: three small database writes.
 
 - **durable**: ``three_writes``, a workflow of three ``ctx.step`` calls, each inserting one
   row and returning a small JSON value; its runs are started under a quota (one key per
   tenant, a limit never reached), as the project's runs are.
 - **plain**: ``plain_three_writes``, a Celery task making the same three inserts.
+- **floor**: ``floor_three_writes``, the plain task plus, in the same order, the commits a
+  durable turn adds, each the cheapest write there is (a one-row insert without a
+  function, a lock or a check): the claim's (not waiting for the disk), two step
+  records' and the end of the turn's. No design that commits as often can beat it.
 
 Both write through the Django connection of the worker, one autocommitted ``INSERT`` per
 write.
@@ -18,9 +22,12 @@ from django.db import connection
 
 from durable_django import Concurrency, workflow
 
-#: The table both variants write to (created by ``benchmarks/execution.py``).
+#: The table the variants write to (created by ``benchmarks/execution.py``).
 TABLE = "bench_exec_write"
+#: The floor variant's stand-ins for the bookkeeping go here.
+FLOOR_TABLE = "bench_exec_floor"
 PLAIN_QUEUE = "durable_bench_exec_plain"
+FLOOR_QUEUE = "durable_bench_exec_floor"
 TENANTS = 10
 
 
@@ -50,3 +57,28 @@ def plain_three_writes(job_id: str) -> None:
     write(job_id, 1)
     write(job_id, 2)
     write(job_id, 3)
+
+
+def commit_like(source: str, kind: str, *, synchronous: bool = True) -> None:
+    """One autocommitted one-row insert, standing for one bookkeeping statement."""
+    if synchronous:
+        statement = f"INSERT INTO {FLOOR_TABLE} (source, kind) VALUES (%s, %s)"
+    else:
+        # As the claim does: this transaction's commit does not wait for the disk.
+        statement = (
+            "WITH async AS (SELECT set_config('synchronous_commit', 'off', true)) "
+            f"INSERT INTO {FLOOR_TABLE} (source, kind) SELECT %s, %s FROM async"
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [source, kind])
+
+
+@shared_task(name="bench.floor_three_writes", ignore_result=True, serializer="json")
+def floor_three_writes(job_id: str) -> None:
+    commit_like(job_id, "claim", synchronous=False)
+    write(job_id, 1)
+    commit_like(job_id, "record")
+    write(job_id, 2)
+    commit_like(job_id, "record")
+    write(job_id, 3)
+    commit_like(job_id, "end")
