@@ -20,7 +20,12 @@ Two parts are optional:
 
 A store may also offer ``start_run(run, quota, *, check_existing, read_namespace)``, one
 call doing the whole start (see :func:`start_with_primitives` for its meaning); the
-ORM store uses it for its PostgreSQL fast path.
+ORM store uses it for its PostgreSQL fast path. For executing runs it may offer, each
+doing in one call what the engine otherwise composes from the members below:
+``claim_run(run_id, **fields)`` (the claim, returning the run and its recorded steps),
+``record_held_step(run_id, step, owner, *, replace=False)`` (a record made only while
+``owner`` holds the run) and ``end_turn(run_id, owner, status, step, **fields)`` (the
+holder's transition ending a turn, with its last record).
 """
 
 from __future__ import annotations

@@ -15,10 +15,12 @@ Executing runs has a PostgreSQL fast path too (``fast_path=True``): a status cha
 (``transition``) is one statement updating the run and its tags together; a claim
 (``claim_run``) is one statement that also returns the run and its recorded steps; a
 step's record with the check that the worker still holds the run (``record_held_step``)
-is one statement. The usual ones of a turn (the claim, a step's record, a transition by
-the run's holder) call the functions of migration 0006, whose plans each connection
-keeps; the others are sent as SQL. Elsewhere these are the ORM's queries in one
-transaction.
+is one statement, and so is the end of a turn with its last record (``end_turn``). The
+usual ones of a turn (the claim, a step's record, a transition by the run's holder) call
+the functions of migrations 0006 and 0007, whose plans each connection keeps; the others
+are sent as SQL. A claim made outside a transaction of the caller's commits without
+waiting for the disk (migration 0007 says why that is safe). Elsewhere these are the
+ORM's queries in one transaction.
 """
 
 from __future__ import annotations
