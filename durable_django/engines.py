@@ -29,6 +29,7 @@ from .registry import (
     validate_tags,
     validate_text,
 )
+from .retention import PurgeResult, cutoff, finished_statuses, purge
 from .serialization import json_copy
 from .signals import run_finished, run_refused, run_started
 from .signals import send as send_signal
@@ -508,6 +509,21 @@ class Engine:
         the declared schedules. Idempotent, and safe from several processes at once: each
         hand-on is a conditional update that only one ticker wins."""
         return tick(self, now or timezone.now(), limit)
+
+    def purge(
+        self,
+        older_than: datetime.timedelta | datetime.datetime,
+        *,
+        statuses: Collection[str] | None = None,
+        batch_size: int = 1000,
+    ) -> PurgeResult:
+        """Delete the runs that finished before ``older_than`` (a ``timedelta`` ago, or a
+        ``datetime``), with their tags and recorded steps, and the signals taken before
+        it. ``statuses`` narrows the finished statuses purged (all three by default);
+        active runs are never purged. With ``SCOPE_READS``, only this engine's namespace.
+        Deletes ``batch_size`` runs per transaction."""
+        before = cutoff(older_than, timezone.now())
+        return purge(self, before, finished_statuses(statuses), batch_size)
 
     # reading ------------------------------------------------------------------------
 

@@ -49,8 +49,9 @@ def test_every_subcommand_is_listed():
         "tick",
         "schedules",
         "fire",
+        "purge",
     ]
-    assert len(SUBCOMMANDS) == 9
+    assert len(SUBCOMMANDS) == 10
 
 
 def test_a_subcommand_is_required(db):

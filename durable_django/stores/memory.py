@@ -194,3 +194,28 @@ class MemoryStore:
                 for run in self._runs.values()
                 if run.status == "suspended" and (run.wait or {}).get("signal") == token
             ]
+
+    def purge_runs(
+        self,
+        finished_before: datetime,
+        statuses: Collection[str],
+        namespace: str | None,
+        limit: int,
+    ) -> int:
+        with self._lock:
+            old = [
+                run.run_id
+                for run in self._runs.values()
+                if run.status in statuses
+                and run.finished_at is not None
+                and run.finished_at < finished_before
+                and (namespace is None or run.namespace == namespace)
+            ][:limit]
+            for run_id in old:
+                del self._runs[run_id]
+                self._steps.pop(run_id, None)
+            return len(old)
+
+    def purge_signals(self, taken_before: datetime, limit: int) -> int:
+        # A taken signal is not kept here: there is nothing to purge.
+        return 0

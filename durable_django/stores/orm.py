@@ -530,6 +530,47 @@ class OrmStore:
         rows = self._runs().filter(status=RunStatus.SUSPENDED, wait__signal=token)
         return [_record(row, tags=[]) for row in rows]
 
+    # retention ----------------------------------------------------------------------
+
+    def purge_runs(
+        self,
+        finished_before: datetime,
+        statuses: Collection[str],
+        namespace: str | None,
+        limit: int,
+    ) -> int:
+        """Delete up to ``limit`` runs in ``statuses`` that finished before
+        ``finished_before`` (in ``namespace`` when given), with their tags and steps, in
+        one transaction; return how many. Runs locked by another transaction (a retry
+        under way) are skipped."""
+        runs = self._runs().filter(status__in=list(statuses), finished_at__lt=finished_before)
+        if namespace is not None:
+            runs = runs.filter(namespace=namespace)
+        with transaction.atomic(using=self.using):
+            ids = list(
+                runs.select_for_update(skip_locked=True)
+                .order_by()
+                .values_list("pk", flat=True)[:limit]
+            )
+            if ids:
+                # Its tags and steps go with it (Django deletes them first, by run id).
+                self._runs().filter(pk__in=ids).delete()
+        return len(ids)
+
+    def purge_signals(self, taken_before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` signals taken by a run before ``taken_before``; signals
+        still kept for a waiter stay."""
+        signals = Signal.objects.using(self.using)
+        with transaction.atomic(using=self.using):
+            ids = list(
+                signals.filter(consumed_at__lt=taken_before)
+                .order_by()
+                .values_list("pk", flat=True)[:limit]
+            )
+            if ids:
+                signals.filter(pk__in=ids).delete()
+        return len(ids)
+
 
 #: The run's columns, in the order the PostgreSQL fast path reads them.
 _RUN_COLUMNS = (

@@ -22,6 +22,7 @@ SUBCOMMANDS: list[str] = [
     "durable_django.management.cli.tick",
     "durable_django.management.cli.schedules",
     "durable_django.management.cli.fire",
+    "durable_django.management.cli.purge",
 ]
 
 

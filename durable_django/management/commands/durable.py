@@ -16,7 +16,7 @@ from ..cli import load_subcommands
 class Command(BaseCommand):
     help = (
         "Inspect and operate durable runs: list, show, cancel, retry, signal, quota usage, "
-        "tick. `manage.py durable SUBCOMMAND --help` for each."
+        "tick, schedules, fire, purge. `manage.py durable SUBCOMMAND --help` for each."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
