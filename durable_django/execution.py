@@ -28,7 +28,7 @@ from django.utils import timezone
 from .errors import ChildWorkflowError, ConcurrencyLimitError, DurableError
 from .serialization import json_copy
 from .status import TERMINAL_STATUSES, RunStatus
-from .stores.base import RunRecord, StepRecord
+from .stores.base import RunRecord, StepRecord, end_turn_with_primitives
 
 if TYPE_CHECKING:
     from .engines import Engine, RunHandle
@@ -178,9 +178,10 @@ class Context:
     def _record_later(self, step: StepRecord) -> None:
         """Record ``step`` before the body's next durable call, or with the turn's end.
 
-        Nothing the body does between two durable calls is durable, so writing the
-        record then loses nothing a crash would not lose anyway; the turn's last record
-        is written by the statement that ends the turn, one commit instead of two.
+        The turn's last record is then written by the statement that ends the turn, one
+        commit instead of two. A worker that dies before the record is written leaves
+        the step to run again, as one dying while the step's function ran would; the
+        window also covers the body's own code up to its next durable call.
         """
         self._recorded[step.position] = step
         self.unwritten = step
@@ -589,11 +590,7 @@ def _end_turn(
     if end_turn is not None:
         # One statement on PostgreSQL.
         return end_turn(run_id, owner, status, step, **fields)
-    with store.atomic():
-        if not store.transition(run_id, [RunStatus.RUNNING], status, owner=owner, **fields):
-            return False
-        store.record_step(run_id, step)
-        return True
+    return end_turn_with_primitives(store, run_id, owner, status, step, **fields)
 
 
 def _run_body(body: Callable[[Any, Any], Any], context: Context) -> tuple[str, dict[str, Any]]:

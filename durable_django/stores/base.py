@@ -249,3 +249,16 @@ def start_with_primitives(
             check_quota(store, quota, run.workflow, read_namespace)
         store.create_run(run)
     return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+
+
+def end_turn_with_primitives(
+    store: Any, run_id: str, owner: str, status: str, step: StepRecord, **fields: Any
+) -> bool:
+    """End a turn with the store's basic operations, in one transaction: the holder's
+    transition from running to ``status``, and, when it happens, the turn's last record.
+    False (nothing recorded) when ``owner`` no longer holds the run."""
+    with store.atomic():
+        if not store.transition(run_id, ["running"], status, owner=owner, **fields):
+            return False
+        store.record_step(run_id, step)
+        return True
