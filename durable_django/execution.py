@@ -28,7 +28,7 @@ from django.utils import timezone
 from .errors import ChildWorkflowError, ConcurrencyLimitError, DurableError
 from .serialization import json_copy
 from .status import TERMINAL_STATUSES, RunStatus
-from .stores.base import RunRecord, StepRecord, end_turn_with_primitives
+from .stores.base import RunRecord, StepRecord, record_held_with_primitives
 
 if TYPE_CHECKING:
     from .engines import Engine, RunHandle
@@ -164,12 +164,9 @@ class Context:
             # The same, in one round trip on PostgreSQL.
             held = record_held_step(self.run_id, step, self.owner, replace=replace)
         else:
-            with store.atomic():
-                held = store.transition(
-                    self.run_id, [RunStatus.RUNNING], RunStatus.RUNNING, owner=self.owner
-                )
-                if held:
-                    store.record_step(self.run_id, step, replace=replace)
+            held = record_held_with_primitives(
+                store, self.run_id, self.owner, step, replace=replace
+            )
         if not held:
             self.lease_lost.set()
             raise LeaseLost(self.run_id)
@@ -590,7 +587,7 @@ def _end_turn(
     if end_turn is not None:
         # One statement on PostgreSQL.
         return end_turn(run_id, owner, status, step, **fields)
-    return end_turn_with_primitives(store, run_id, owner, status, step, **fields)
+    return record_held_with_primitives(store, run_id, owner, step, status, **fields)
 
 
 def _run_body(body: Callable[[Any, Any], Any], context: Context) -> tuple[str, dict[str, Any]]:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import datetime
-import io
-import json
 import threading
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
@@ -21,6 +19,7 @@ from durable_django.stores import MemoryStore, OrmStore
 from durable_django.testing import run_until_idle
 
 from .conftest import force_status
+from .test_cli import durable, durable_json
 
 DAYS_AGO_40 = datetime.timedelta(days=40)
 
@@ -175,12 +174,6 @@ def test_purge_deletes_signals_taken_before_the_cutoff_only(orm_engine: Engine):
 # manage.py durable purge ----------------------------------------------------------------
 
 
-def durable(*args: str) -> str:
-    out = io.StringIO()
-    call_command("durable", *args, stdout=out)
-    return out.getvalue()
-
-
 def old_echo_run(status: str = RunStatus.COMPLETED) -> str:
     run_id = default_engine.start("tests.echo", {"key": "tenant:acme", "text": "hi"}).run_id
     force_status(default_engine, run_id, status, finished_at=timezone.now() - DAYS_AGO_40)
@@ -193,7 +186,7 @@ def test_the_purge_command_for_people_and_scripts(db):
     assert durable("purge", "--older-than", "30d", "--status", "failed") == (
         "deleted 1 run(s) and 0 taken signal(s)\n"
     )
-    assert json.loads(durable("purge", "--older-than", "720h", "--json")) == {
+    assert durable_json("purge", "--older-than", "720h") == {
         "runs": 1,
         "signals": 0,
     }

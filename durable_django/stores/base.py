@@ -251,14 +251,23 @@ def start_with_primitives(
     return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
 
 
-def end_turn_with_primitives(
-    store: Any, run_id: str, owner: str, status: str, step: StepRecord, **fields: Any
+def record_held_with_primitives(
+    store: Any,
+    run_id: str,
+    owner: str,
+    step: StepRecord,
+    status: str = "running",
+    *,
+    replace: bool = False,
+    **fields: Any,
 ) -> bool:
-    """End a turn with the store's basic operations, in one transaction: the holder's
-    transition from running to ``status``, and, when it happens, the turn's last record.
-    False (nothing recorded) when ``owner`` no longer holds the run."""
+    """Record ``step`` only while ``owner`` holds the running run, with the store's basic
+    operations in one transaction: the holder's transition from running to ``status``
+    (by default one that changes nothing and only checks), then ``record_step``. False,
+    and nothing recorded, when ``owner`` no longer holds the run. What
+    ``record_held_step`` and ``end_turn`` do in one call."""
     with store.atomic():
         if not store.transition(run_id, ["running"], status, owner=owner, **fields):
             return False
-        store.record_step(run_id, step)
+        store.record_step(run_id, step, replace=replace)
         return True

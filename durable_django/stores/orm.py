@@ -47,6 +47,7 @@ from .base import (
     StartOutcome,
     StepRecord,
     existing_outcome,
+    record_held_with_primitives,
     start_with_primitives,
 )
 
@@ -303,11 +304,7 @@ class OrmStore:
         happens, ``record_step(run_id, step)``, in one transaction; on PostgreSQL one
         statement. The turn's last step is recorded with the transition ending the turn."""
         if not self._fast() or not fields.keys() <= _HELD_FIELDS.keys():
-            with transaction.atomic(using=self.using):
-                if not self.transition(run_id, [RunStatus.RUNNING], status, owner=owner, **fields):
-                    return False
-                self.record_step(run_id, step)
-            return True
+            return record_held_with_primitives(self, run_id, owner, step, status, **fields)
         return self._transition_held(run_id, status, owner, fields, step)
 
     def _transition_held(
@@ -440,11 +437,7 @@ class OrmStore:
         recorded) when it does not. ``transition(run_id, [RUNNING], RUNNING, owner=owner)``
         and ``record_step`` in one transaction; on PostgreSQL one statement."""
         if not self._fast():
-            with transaction.atomic(using=self.using):
-                if not self.transition(run_id, [RunStatus.RUNNING], RunStatus.RUNNING, owner=owner):
-                    return False
-                self.record_step(run_id, step, replace=replace)
-            return True
+            return record_held_with_primitives(self, run_id, owner, step, replace=replace)
         connection = connections[self.using]
         result, error = _step_json(step, connection)
         if not replace:
