@@ -29,7 +29,7 @@ from .registry import (
     validate_tags,
     validate_text,
 )
-from .retention import PurgeResult, cutoff, finished_statuses, purge
+from .retention import PurgeResult, purge
 from .serialization import json_copy
 from .signals import run_finished, run_refused, run_started
 from .signals import send as send_signal
@@ -522,8 +522,7 @@ class Engine:
         it. ``statuses`` narrows the finished statuses purged (all three by default);
         active runs are never purged. With ``SCOPE_READS``, only this engine's namespace.
         Deletes ``batch_size`` runs per transaction."""
-        before = cutoff(older_than, timezone.now())
-        return purge(self, before, finished_statuses(statuses), batch_size)
+        return purge(self, older_than, statuses, batch_size)
 
     # reading ------------------------------------------------------------------------
 

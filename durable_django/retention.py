@@ -13,6 +13,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from django.utils import timezone
+
 from .errors import DurableError
 from .status import TERMINAL_STATUSES
 
@@ -59,11 +61,13 @@ def finished_statuses(statuses: Collection[str] | None) -> list[str]:
 
 def purge(
     engine: Engine,
-    before: datetime.datetime,
-    statuses: list[str],
+    older_than: datetime.timedelta | datetime.datetime,
+    statuses: Collection[str] | None,
     batch_size: int,
 ) -> PurgeResult:
     """See :meth:`durable_django.Engine.purge`."""
+    before = cutoff(older_than, timezone.now())
+    statuses = finished_statuses(statuses)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
     store = engine.store
