@@ -9,7 +9,9 @@ For ``--seconds``, ``--starters`` processes start runs of ``soak.turn``
 cancel one of their runs, retry a failed one or signal a waiting one; ``--workers`` real
 Celery workers (threads pool) execute the runs on Redis, and one of them is killed with
 SIGKILL every ``--kill-every`` seconds and replaced; two ``manage.py durable tick
---interval 1`` processes run side by side. Meanwhile this process samples, every few
+--interval 1`` processes run side by side. With ``--restart-db-every``, the soak runs on
+a PostgreSQL server of its own and restarts it in immediate mode (as a crash would) that
+often; calls that fail meanwhile are counted, not errors. Meanwhile this process samples, every few
 milliseconds, how many runs each key holds, counted from the runs' own statuses (and, as
 the quota counts them, from the tags' status copies).
 
@@ -65,6 +67,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--kill-every", type=float, default=15, help="SIGKILL a worker this often (0: never)"
     )
+    parser.add_argument(
+        "--restart-db-every",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="run on a PostgreSQL server of the soak's own (initdb in a temporary folder, "
+        "on a free port) and restart it in immediate mode this often (0: never)",
+    )
     parser.add_argument("--drain", type=float, default=90, help="seconds to wait for the end")
     parser.add_argument("--seed", type=int, default=1)
     return parser.parse_args()
@@ -81,6 +91,49 @@ def configure(args: argparse.Namespace) -> None:
         os.environ["DURABLE_SOAK_SQLITE"] = os.path.join(folder, "soak.sqlite3")
     paths = [str(ROOT), os.environ.get("PYTHONPATH")]
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+
+
+class OwnPostgres:
+    """A PostgreSQL server of the soak's own, in a temporary folder, on a free port.
+
+    Run as the ``postgres`` system user when this process is root (the server refuses
+    root). ``restart()`` stops it in immediate mode, as a crash would, and starts it again.
+    """
+
+    def __init__(self) -> None:
+        import glob
+        import shutil
+        import socket
+
+        self.bin = Path(sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1])
+        self.folder = Path(tempfile.mkdtemp(prefix="durable-soak-pg-"))
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        if os.geteuid() == 0:
+            shutil.chown(self.folder, "postgres", "postgres")
+        self.data = self.folder / "data"
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
+        self.start()
+
+    def _run(self, program: str, *arguments: str) -> None:
+        command = [str(self.bin / program), *arguments]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, capture_output=True, cwd=self.folder)
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+        log = str(self.folder / "server.log")
+        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", log, "-w", "start")
+
+    def restart(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        self.start()
+
+    def stop(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
 
 
 def recreate_database(args: argparse.Namespace) -> None:
@@ -189,6 +242,8 @@ def starter_main(
     import django
 
     django.setup()
+    from django.db import DatabaseError, close_old_connections
+
     import benchmarks.soak_app  # noqa: F401  (messages go to the soak's broker)
     from benchmarks.soak_work import turn
     from durable_django import ConcurrencyLimitError, DurableError
@@ -206,6 +261,10 @@ def starter_main(
             handle = turn.dispatch(input)
         except ConcurrencyLimitError:
             counts["refused"] += 1
+        except DatabaseError:
+            # The server went away (a restart): as a web request would, give up this one.
+            counts["database unavailable"] += 1
+            close_old_connections()
         except Exception as error:  # anything else is a finding
             counts["errors"] += 1
             errors.append(f"dispatch: {error!r}")
@@ -232,6 +291,9 @@ def starter_main(
         except DurableError:
             # Another starter retried or cancelled the same run first.
             counts["raced"] += 1
+        except DatabaseError:
+            counts["database unavailable"] += 1
+            close_old_connections()
         except Exception as error:
             counts["errors"] += 1
             errors.append(f"operator call: {error!r}")
@@ -268,17 +330,32 @@ class Peaks:
     by_run: dict[str, int] = field(default_factory=collections.Counter)
     by_tag: dict[str, int] = field(default_factory=collections.Counter)
     samples: int = 0
+    unavailable: int = 0
 
     def sample(self) -> None:
-        for target, statement in ((self.by_run, BY_RUN_SQL), (self.by_tag, BY_TAG_SQL)):
-            for tag, count in sql(statement):
-                key = tag[len("concurrency:") :]
-                target[key] = max(target[key], count)
+        from django.db import DatabaseError, connection
+
+        try:
+            for target, statement in ((self.by_run, BY_RUN_SQL), (self.by_tag, BY_TAG_SQL)):
+                for tag, count in sql(statement):
+                    key = tag[len("concurrency:") :]
+                    target[key] = max(target[key], count)
+        except DatabaseError:
+            # The server is restarting: a new connection next time.
+            connection.close()
+            self.unavailable += 1
+            return
         self.samples += 1
 
 
 def active_runs() -> int:
-    return sql(f"SELECT COUNT(*) FROM durable_run WHERE status IN ({ACTIVE_SQL})")[0][0]
+    from django.db import DatabaseError, connection
+
+    try:
+        return sql(f"SELECT COUNT(*) FROM durable_run WHERE status IN ({ACTIVE_SQL})")[0][0]
+    except DatabaseError:
+        connection.close()
+        return -1
 
 
 # the soak -----------------------------------------------------------------------------
@@ -287,6 +364,20 @@ def active_runs() -> int:
 def main() -> int:
     args = parse_args()
     configure(args)
+    server = None
+    if args.restart_db_every:
+        if args.database != "postgres":
+            raise SystemExit("--restart-db-every runs on a PostgreSQL of the soak's own")
+        server = OwnPostgres()
+        os.environ["DURABLE_SOAK_PG_PORT"] = os.environ["DURABLE_BENCH_PORT"] = str(server.port)
+    try:
+        return soak(args, server)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def soak(args: argparse.Namespace, server: OwnPostgres | None) -> int:
     recreate_database(args)
     empty_broker()
     from django.db import connection
@@ -310,8 +401,10 @@ def main() -> int:
         process.start()
 
     peaks = Peaks()
-    killed = 0
+    killed = restarts = 0
     next_kill = time.monotonic() + args.kill_every if args.kill_every else float("inf")
+    every = args.restart_db_every
+    next_restart = time.monotonic() + every if every else float("inf")
     counts: collections.Counter[str] = collections.Counter()
     errors: list[str] = []
     try:
@@ -324,6 +417,10 @@ def main() -> int:
                 workers[victim] = start_worker(len(workers) + killed, args.threads)
                 killed += 1
                 next_kill = time.monotonic() + args.kill_every
+            if server is not None and time.monotonic() >= next_restart:
+                server.restart()
+                restarts += 1
+                next_restart = time.monotonic() + every
             time.sleep(0.005)
         for _ in starters:
             _, starter_counts, starter_errors = results.get(timeout=120)
@@ -336,7 +433,7 @@ def main() -> int:
             peaks.sample()
             time.sleep(0.05)
         drained = time.monotonic() - drain_started
-        report = summarise(limits, peaks, counts, errors, killed, drained, args)
+        report = summarise(limits, peaks, counts, errors, (killed, restarts), drained, args)
     finally:
         for child in [*workers, *tickers]:
             child.stop()
@@ -352,7 +449,7 @@ def summarise(
     peaks: Peaks,
     counts: collections.Counter[str],
     errors: list[str],
-    killed: int,
+    faults: tuple[int, int],
     drained: float,
     args: argparse.Namespace,
 ) -> int:
@@ -368,10 +465,12 @@ def summarise(
     )[0][0]
     over = [k for k, limit in limits.items() if max(peaks.by_run[k], peaks.by_tag[k]) > limit]
 
+    killed, restarts = faults
     print(
         f"soak on {args.database}: {args.seconds:.0f} s, {args.starters} starters, "
         f"{args.workers} workers x {args.threads} threads, 2 tickers, "
-        f"{killed} worker(s) killed with SIGKILL, {peaks.samples} samples"
+        f"{killed} worker(s) killed with SIGKILL, {restarts} database restart(s), "
+        f"{peaks.samples} samples"
     )
     print()
     print(f"{'key':<14} {'limit':>5} {'max active (runs)':>18} {'max active (tags)':>18}")
@@ -392,6 +491,7 @@ def summarise(
         ("drain took (s)", f"{drained:.1f}"),
         ("tag rows without a run", orphan_tags),
         ("tag rows out of step with their run", drifted_tags),
+        ("calls failed: database unavailable", counts["database unavailable"]),
         ("unexpected errors in starters", counts["errors"]),
     ]
     for label, value in rows:
