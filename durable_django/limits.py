@@ -14,8 +14,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from django.db.backends.base.operations import BaseDatabaseOperations
-
 #: The deepest a JSON value may nest (containers inside containers). MariaDB refuses
 #: JSON nested 32 levels deep; the margin leaves room for a value wrapped in a record.
 MAX_JSON_DEPTH = 20
@@ -25,9 +23,9 @@ MAX_JSON_DEPTH = 20
 #: default ``max_allowed_packet`` of 16 MiB, which bounds a whole statement.
 MAX_JSON_BYTES = 2 * 1024 * 1024
 
-#: The range of a quota limit: Django's ``IntegerField``, the type of
-#: ``Schedule.concurrency_limit`` and of the limit PostgreSQL's start function takes.
-MIN_LIMIT, MAX_LIMIT = BaseDatabaseOperations.integer_field_ranges["IntegerField"]
+#: The range of a quota limit: a 32-bit integer, the range of Django's ``IntegerField``
+#: (``Schedule.concurrency_limit``) and of the limit PostgreSQL's start function takes.
+MIN_LIMIT, MAX_LIMIT = -(2**31), 2**31 - 1
 
 #: The longest message and traceback a failed run's error keeps (characters).
 MAX_ERROR_MESSAGE = 10_000

@@ -96,8 +96,10 @@ def _schedules(workflow: str, schedule: Any) -> tuple[ScheduleSpec, ...]:
     specs = schedule if isinstance(schedule, list | tuple) else [schedule]
     try:
         built = tuple(ScheduleSpec.build(spec) for spec in specs)
-    except UnstorableValueError:
-        raise  # it names the schedule's value already
+    except UnstorableValueError as error:
+        raise UnstorableValueError(
+            f"workflow {workflow!r}: {error.what}", error.path, error.rule
+        ) from None
     except (TypeError, ValueError) as error:
         raise type(error)(f"workflow {workflow!r}: {error}") from None
     keys = [spec.key for spec in built]

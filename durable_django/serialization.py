@@ -29,8 +29,10 @@ _FORBIDDEN_CHARACTER = re.compile("[\x00\ud800-\udfff]")
 #: In JSON text with ASCII escapes: a NUL, or a surrogate not in a pair. A backslash
 #: escaped before it can make a false alarm, which the walk of the value then clears.
 _FORBIDDEN_ESCAPE = re.compile(
-    r"\\u0000|\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f])|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2}"
+    r"\\u(?:0000|d[89ab][0-9a-f]{2}(?!\\ud[c-f])"
+    r"|d[c-f][0-9a-f]{2}(?<!\\ud[89ab][0-9a-f]{2}\\ud[c-f][0-9a-f]{2}))"
 )
+_CONTAINERS = (list, tuple, dict)
 _KEY_TYPES = (str, int, float, type(None))
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -109,17 +111,16 @@ def storable_text(text: str, max_length: int, *, keep_end: bool = False) -> str:
 
 def _too_deep(value: Any) -> bool:
     """Whether ``value`` nests more than MAX_JSON_DEPTH containers (without recursion)."""
-    level = [value]
+    level = [value] if isinstance(value, _CONTAINERS) else []
     for _ in range(MAX_JSON_DEPTH):
-        level = [
-            child
-            for item in level
-            if isinstance(item, list | tuple | dict)
-            for child in (item.values() if isinstance(item, dict) else item)
-        ]
-        if not level:
+        inner: list[Any] = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item
+            inner += [child for child in children if isinstance(child, _CONTAINERS)]
+        if not inner:
             return False
-    return any(isinstance(item, list | tuple | dict) for item in level)
+        level = inner
+    return True
 
 
 def _unstorable(value: Any, what: str, fallback: str) -> UnstorableValueError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from django.db.backends.base.operations import BaseDatabaseOperations
 
 from durable_django import (
     Concurrency,
@@ -140,8 +141,10 @@ def test_bad_declarations_are_refused(db, declare, error, message):
 # limits -------------------------------------------------------------------------------
 
 
-def test_the_range_of_limits_is_a_32_bit_integer():
-    assert (MIN_LIMIT, MAX_LIMIT) == (-(2**31), 2**31 - 1)
+def test_the_range_of_limits_is_the_range_of_an_integer_field():
+    ranges = BaseDatabaseOperations.integer_field_ranges
+    assert (MIN_LIMIT, MAX_LIMIT) == ranges["IntegerField"] == (-(2**31), 2**31 - 1)
+    assert Schedule._meta.get_field("concurrency_limit").get_internal_type() == "IntegerField"
 
 
 @pytest.mark.parametrize("limit", [MAX_LIMIT + 1, MIN_LIMIT - 1, 10**30])
@@ -319,3 +322,23 @@ def test_the_error_is_a_durable_error_a_type_error_and_a_value_error():
     assert str(error) == "the input of workflow 'wf' cannot be stored at $.a: it contains a NUL"
     copied = pickle.loads(pickle.dumps(error))
     assert (copied.what, copied.path, copied.rule) == (error.what, error.path, error.rule)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        ({"key": "k" * 201, "interval": 5}, "a schedule key is 201 characters long; at most 200"),
+        ({"key": NUL, "interval": 5}, "workflow 'wf': a schedule key cannot be stored"),
+        (
+            {"key": "k", "interval": 5, "input": {"x": NUL}},
+            r"workflow 'wf': the input of schedule 'k' cannot be stored at \$\.x",
+        ),
+        (
+            {"key": "k", "interval": 5, "concurrency": {"key": "q", "limit": 2**31}},
+            "between",
+        ),
+    ],
+)
+def test_a_declared_schedule_is_held_to_the_same_rules(db, schedule, message):
+    with pytest.raises(ValueError, match=message):
+        make_definition("wf", "1", None, schedule=schedule)

@@ -364,9 +364,11 @@ def test_when_even_the_failed_end_is_refused_the_run_is_left_to_its_lease(orm_en
     orm_engine.register("wf", "1", lambda ctx, i: i)
     handle = orm_engine.start("wf", {})
     # The claim sets a lease owner; every end of a turn clears it: refuse those.
-    with refusing("durable_run", "UPDATE", "NEW.lease_owner = ''"):
-        with pytest.raises(DatabaseError):
-            orm_engine.execute(handle.run_id)
+    with (
+        refusing("durable_run", "UPDATE", "NEW.lease_owner = ''"),
+        pytest.raises(DatabaseError),
+    ):
+        orm_engine.execute(handle.run_id)
     run = orm_engine.get_run(handle.run_id)
     assert run.status == RunStatus.RUNNING and run.lease_expires_at is not None
 
