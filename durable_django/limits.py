@@ -14,18 +14,22 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-#: The deepest a JSON value may nest (containers inside containers). MariaDB refuses
-#: JSON nested 32 levels deep; the margin leaves room for a value wrapped in a record.
 MAX_JSON_DEPTH = 20
+"""The deepest a JSON value may nest (a list in a list is two levels). MariaDB refuses
+JSON nested 32 levels deep; the margin leaves room for a value wrapped in a record."""
 
-#: The largest a JSON value may be: bytes of its JSON text as written to the database
-#: (characters outside ASCII count as their ``\\uXXXX`` escapes). Well below MariaDB's
-#: default ``max_allowed_packet`` of 16 MiB, which bounds a whole statement.
 MAX_JSON_BYTES = 2 * 1024 * 1024
+"""The largest a JSON value may be: bytes of its JSON text as written to the database
+(characters outside ASCII count as their ``\\uXXXX`` escapes). Well below MariaDB's
+default ``max_allowed_packet`` of 16 MiB, which bounds a whole statement."""
 
-#: The range of a quota limit: a 32-bit integer, the range of Django's ``IntegerField``
-#: (``Schedule.concurrency_limit``) and of the limit PostgreSQL's start function takes.
-MIN_LIMIT, MAX_LIMIT = -(2**31), 2**31 - 1
+MIN_LIMIT = -(2**31)
+"""The lowest quota limit (any limit ``<= 0`` refuses every start)."""
+
+MAX_LIMIT = 2**31 - 1
+"""The highest quota limit. With :data:`MIN_LIMIT`, the range of Django's
+``IntegerField`` (``Schedule.concurrency_limit``) and of the limit PostgreSQL's start
+function takes: the same range on every database."""
 
 #: The longest message and traceback a failed run's error keeps (characters).
 MAX_ERROR_MESSAGE = 10_000
