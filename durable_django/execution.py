@@ -531,6 +531,10 @@ def _lease_kept(engine: Engine, context: Context, seconds: float) -> Any:
     return _lease_keeper.kept(engine, context, seconds)
 
 
+#: What every end of a turn sets: the run is no longer held.
+_RELEASED = {"lease_owner": "", "lease_expires_at": None, "blocked_reason": ""}
+
+
 def execute_run(engine: Engine, run_id: str) -> bool:
     """Claim a pending run, replay its body, and suspend or finish it.
 
@@ -589,10 +593,6 @@ def execute_run(engine: Engine, run_id: str) -> bool:
     if finished:
         _after_turn(engine, run, status, fields.get("wait"))
     return True
-
-
-#: What every end of a turn sets: the run is no longer held.
-_RELEASED = {"lease_owner": "", "lease_expires_at": None, "blocked_reason": ""}
 
 
 def _write_turn_end(
