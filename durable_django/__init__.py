@@ -11,6 +11,7 @@ from .errors import (
     RunFailed,
     RunNotFound,
     RunTimeout,
+    UnstorableValueError,
     WorkflowNotFound,
 )
 from .status import RunStatus
@@ -28,6 +29,7 @@ __all__ = [
     "RunNotFound",
     "RunStatus",
     "RunTimeout",
+    "UnstorableValueError",
     "Workflow",
     "WorkflowNotFound",
     "engine",

@@ -11,7 +11,6 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from .conf import durable_settings
-from .status import ACTIVE_STATUSES, TERMINAL_STATUSES
 
 _SAFE_ISOLATION = {None, "", "read committed", "read uncommitted"}
 
@@ -177,7 +176,7 @@ def celery_warnings(app: Any) -> list[checks.CheckMessage]:
 @checks.register()
 def check_workflows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Warn about declared quotas that cannot be what was meant: a limit that refuses
-    every start, or finished runs counted against the limit."""
+    every start. (Finished statuses in ``count_statuses`` are refused when declared.)"""
     from .registry import default_registry
 
     return quota_warnings(default_registry.all())
@@ -205,20 +204,6 @@ def quota_warnings(definitions: Iterable[Any]) -> list[checks.CheckMessage]:
                     ),
                     obj=definition.name,
                     id="durable_django.W004",
-                )
-            )
-        finished = [s for s in concurrency.count_statuses if s in TERMINAL_STATUSES]
-        if finished:
-            messages.append(
-                checks.Warning(
-                    f"{where} counts finished runs ({', '.join(finished)}) against its "
-                    "quota: they never free their slot, so the key fills up for good",
-                    hint=(
-                        "count_statuses should name active statuses only (the default is "
-                        f"{', '.join(ACTIVE_STATUSES)})."
-                    ),
-                    obj=definition.name,
-                    id="durable_django.W005",
                 )
             )
     return messages

@@ -15,16 +15,15 @@ from typing import Any, Union
 
 from asgiref.sync import async_to_sync, sync_to_async
 
-from .status import ACTIVE_STATUSES, ALL_STATUSES
+from .limits import MAX_LIMIT, MIN_LIMIT, text_lengths
+from .serialization import validate_text
+from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES
 
 #: The statuses that occupy a slot unless ``count_statuses`` says otherwise.
 DEFAULT_CONCURRENCY_STATUSES: tuple[str, ...] = ACTIVE_STATUSES
 
 #: A run started under quota key ``K`` carries the tag ``concurrency:K``.
 TAG_PREFIX = "concurrency:"
-
-#: Tags are at most 255 characters; the key gets what the prefix leaves.
-MAX_KEY_LENGTH = 255 - len(TAG_PREFIX)
 
 KeyFunction = Callable[[Any], str | None]
 LimitFunction = Callable[[str], int | Awaitable[int]]
@@ -72,6 +71,8 @@ class Concurrency:
                 f"Concurrency limit must be an int or a callable (key) -> int, "
                 f"not {type(limit).__name__} {limit!r}"
             )
+        if isinstance(limit, int):
+            _check_range(limit, "Concurrency limit")
         object.__setattr__(self, "key", key)
         object.__setattr__(self, "limit", limit)
         object.__setattr__(self, "count_statuses", _validate_statuses(count_statuses))
@@ -112,17 +113,16 @@ class Quota:
         return quota_tag(self.key)
 
 
-def validate_key(key: object) -> str:
+def validate_key(key: object, what: str = "concurrency key") -> str:
     """Return ``key`` if it is a usable quota key, else raise naming what is wrong."""
-    if not isinstance(key, str):
-        raise TypeError(f"concurrency key must be a str, not {type(key).__name__} {key!r}")
-    if not key:
-        raise ValueError("concurrency key must not be empty")
-    if len(key) > MAX_KEY_LENGTH:
-        raise ValueError(
-            f"concurrency key is {len(key)} characters long; at most {MAX_KEY_LENGTH} are allowed"
-        )
-    return key
+    return validate_text(key, what, text_lengths().quota_key)
+
+
+def _check_range(limit: int, what: str) -> int:
+    """``limit`` if it is in the range every database takes (``<= 0`` refuses every start)."""
+    if not MIN_LIMIT <= limit <= MAX_LIMIT:
+        raise ValueError(f"{what} must be between {MIN_LIMIT} and {MAX_LIMIT}, not {limit}")
+    return limit
 
 
 def _validate_statuses(statuses: Iterable[str]) -> tuple[str, ...]:
@@ -142,6 +142,13 @@ def _validate_statuses(statuses: Iterable[str]) -> tuple[str, ...]:
         )
     if not values:
         raise ValueError("count_statuses must name at least one status")
+    finished = [s for s in values if s in TERMINAL_STATUSES]
+    if finished:
+        raise ValueError(
+            f"count_statuses must name active statuses only, not {finished}: a finished run "
+            f"never frees its slot, so the key would become a lifetime cap; "
+            f"active statuses are {list(ACTIVE_STATUSES)}"
+        )
     return tuple(dict.fromkeys(values))
 
 
@@ -209,10 +216,7 @@ def _resolve_key(concurrency: Concurrency, input: Any, workflow: str) -> str | N
             f"workflow {workflow!r}: the concurrency key function must return a str or None, "
             f"not {type(key).__name__} {key!r}"
         )
-    try:
-        return validate_key(key)
-    except (TypeError, ValueError) as error:
-        raise type(error)(f"workflow {workflow!r}: {error}") from None
+    return validate_key(key, f"workflow {workflow!r}: concurrency key")
 
 
 def _check_limit(limit: object, workflow: str, key: str) -> int:
@@ -221,7 +225,7 @@ def _check_limit(limit: object, workflow: str, key: str) -> int:
             f"workflow {workflow!r}: the concurrency limit for key {key!r} must be an int, "
             f"not {type(limit).__name__} {limit!r}"
         )
-    return limit
+    return _check_range(limit, f"workflow {workflow!r}: the concurrency limit for key {key!r}")
 
 
 def _call_limit(concurrency: Concurrency, key: str, workflow: str) -> Any:

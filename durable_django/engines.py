@@ -19,18 +19,17 @@ from django.utils import timezone
 from . import concurrency as quotas
 from .conf import build_store, durable_settings
 from .errors import ConcurrencyLimitError, DurableError, RunFailed, RunNotFound, RunTimeout
+from .limits import text_lengths
 from .registry import (
-    MAX_NAME_LENGTH,
     Registry,
     WorkflowBody,
     WorkflowDefinition,
     default_registry,
     make_definition,
     validate_tags,
-    validate_text,
 )
 from .retention import PurgeResult, purge
-from .serialization import json_copy
+from .serialization import check_text, json_copy, validate_text
 from .signals import run_finished, run_refused, run_started
 from .signals import send as send_signal
 from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES, RunStatus
@@ -47,9 +46,6 @@ from .tick import TickResult, tick
 if TYPE_CHECKING:
     from .events import PublishResult
     from .usage import QuotaUsage
-
-MAX_RUN_ID_LENGTH = 255
-MAX_NAMESPACE_LENGTH = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +144,13 @@ class Engine:
             merged = {**defaults, **given}
             self._config = EngineConfig(
                 store=build_store(merged["STORE"]),
-                namespace=validate_text(merged["NAMESPACE"], "namespace", MAX_NAMESPACE_LENGTH),
+                namespace=validate_text(merged["NAMESPACE"], "namespace", text_lengths().namespace),
                 scope_reads=bool(merged["SCOPE_READS"]),
-                queue=merged["QUEUE"] or "",
+                queue=(
+                    validate_text(merged["QUEUE"], "queue", text_lengths().queue)
+                    if merged["QUEUE"]
+                    else ""
+                ),
                 enqueue=bool(merged["ENQUEUE"]),
                 lease_seconds=_positive(merged, "LEASE_SECONDS"),
                 blocked_retry_seconds=_positive(merged, "BLOCKED_RETRY_SECONDS"),
@@ -244,7 +244,9 @@ class Engine:
         definition = getattr(declared, "definition", None)
         if isinstance(definition, WorkflowDefinition):
             return definition
-        return self.registry.latest(validate_text(workflow, "workflow name", MAX_NAME_LENGTH))
+        return self.registry.latest(
+            validate_text(workflow, "workflow name", text_lengths().workflow)
+        )
 
     # starting -----------------------------------------------------------------------
 
@@ -323,9 +325,10 @@ class Engine:
         parent_id: str | None = None,
     ) -> RunHandle:
         config = self.config
+        lengths = text_lengths()
         explicit_id = run_id is not None
         if explicit_id:
-            validate_text(run_id, "run_id", MAX_RUN_ID_LENGTH)
+            validate_text(run_id, "run_id", lengths.run_id)
         else:
             run_id = uuid.uuid4().hex
         all_tags = (*definition.tags, *validate_tags(tags), *((quota.tag,) if quota else ()))
@@ -335,7 +338,7 @@ class Engine:
             workflow=definition.name,
             version=definition.version,
             namespace=(
-                validate_text(namespace, "namespace", MAX_NAMESPACE_LENGTH)
+                validate_text(namespace, "namespace", lengths.namespace)
                 if namespace is not None
                 else config.namespace
             ),
@@ -403,7 +406,7 @@ class Engine:
     def signal(self, token: str, payload: Any = None) -> None:
         """Deliver ``payload`` to the run waiting on ``token``, or keep it for the first
         run that will. One signal is taken by one wait."""
-        validate_text(token, "signal token", MAX_RUN_ID_LENGTH)
+        validate_text(token, "signal token", text_lengths().signal_token)
         payload = json_copy(payload, f"the payload of signal {token!r}")
         self.store.send_signal(token, payload)
         for run in self.store.runs_waiting_on_signal(token):
@@ -528,6 +531,7 @@ class Engine:
 
     def get_run(self, run_id: str) -> RunRecord:
         """The run with this id, or :class:`RunNotFound`."""
+        _check_filters(run_id=run_id)
         run = self.store.get_run(run_id)
         read_namespace = self.read_namespace
         if run is None or (read_namespace is not None and run.namespace != read_namespace):
@@ -535,6 +539,7 @@ class Engine:
         return run
 
     def _read_namespace_for(self, namespace: str | None) -> str | None:
+        _check_filters(namespace=namespace)
         read_namespace = self.read_namespace
         if read_namespace is None:
             return namespace
@@ -554,6 +559,7 @@ class Engine:
         limit: int | None = None,
     ) -> list[RunRecord]:
         """Runs matching every filter given, newest first."""
+        _check_filters(tag=tag, workflow=workflow)
         return self.store.list_runs(
             tag=tag,
             statuses=_check_statuses(statuses),
@@ -570,6 +576,7 @@ class Engine:
         namespace: str | None = None,
     ) -> int:
         """How many runs match; the same count the quota makes for ``tag``."""
+        _check_filters(tag=tag)
         statuses = _check_statuses(statuses)
         namespace = self._read_namespace_for(namespace)
         count_runs = getattr(self.store, "count_runs", None)
@@ -582,6 +589,7 @@ class Engine:
         workflows, against the limit they declare. Busiest first."""
         from .usage import quota_usage
 
+        _check_filters(key=key)
         return quota_usage(self, key)
 
     def wait_for_run(self, run_id: str, timeout: float | None = None) -> RunRecord:
@@ -611,6 +619,13 @@ def _positive(options: dict[str, Any], name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ValueError(f"DURABLE[{name!r}] must be a positive number of seconds, not {value!r}")
     return float(value)
+
+
+def _check_filters(**filters: Any) -> None:
+    """Refuse text no run can hold (a NUL or a surrogate): the database would raise."""
+    for name, value in filters.items():
+        if isinstance(value, str):
+            check_text(value, name)
 
 
 def _check_statuses(statuses: Collection[str] | None) -> list[str] | None:

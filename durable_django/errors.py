@@ -29,6 +29,27 @@ class ConcurrencyLimitError(DurableError):
         return (type(self), (self.workflow, self.key, self.limit, self.active))
 
 
+class UnstorableValueError(DurableError, TypeError, ValueError):
+    """A value the store cannot hold: not JSON, or text with a NUL character or a lone
+    surrogate, or JSON nested too deep or too large (see :mod:`durable_django.limits`).
+
+    ``what`` names the value (``"the input of workflow 'x'"``), ``path`` where in it the
+    problem is (``"$.a[3].b"``; ``"$"`` for the whole value), ``rule`` the rule it breaks.
+    Raised before anything is written. Also a ``TypeError`` (what a value that is not
+    JSON raised before) and a ``ValueError``.
+    """
+
+    def __init__(self, what: str, path: str, rule: str) -> None:
+        self.what = what
+        self.path = path
+        self.rule = rule
+        where = "" if path == "$" else f" at {path}"
+        super().__init__(f"{what} cannot be stored{where}: {rule}")
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.what, self.path, self.rule))
+
+
 class ChildWorkflowError(DurableError):
     """A child run failed, or its start was refused; ``cause`` holds the reason."""
 

@@ -7,14 +7,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import DurableError
-from .serialization import json_copy
+from .limits import text_lengths
+from .serialization import json_copy, validate_text
 from .signals import event_skipped
 from .signals import send as send_signal
 
 if TYPE_CHECKING:
     from .engines import Engine, RunHandle
-
-MAX_RUN_ID_LENGTH = 255
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +30,7 @@ class PublishResult:
 def event_run_id(event: str, event_id: str, workflow: str) -> str:
     """The run id of ``workflow``'s run for one event: readable, or hashed when too long."""
     run_id = f"event:{event}:{event_id}:{workflow}"
-    if len(run_id) <= MAX_RUN_ID_LENGTH:
+    if len(run_id) <= text_lengths().run_id:
         return run_id
     digest = hashlib.sha256(f"{event}\0{event_id}\0{workflow}".encode()).hexdigest()
     return f"event:{digest}"
@@ -45,10 +44,9 @@ def publish(engine: Engine, name: str, payload: Any, id: str | None = None) -> P
     still start. With ``id``, each subscriber's run id is derived from it, so publishing
     the same event again starts nothing new and is never refused.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"an event name must be a non-empty str, not {name!r}")
-    if id is not None and (not isinstance(id, str) or not id):
-        raise ValueError(f"an event id must be a non-empty str, not {id!r}")
+    validate_text(name, "an event name")
+    if id is not None:
+        validate_text(id, "an event id")
     payload = json_copy(payload, f"the payload of event {name!r}")
     result = PublishResult()
     for definition in engine.registry.subscribers(name):

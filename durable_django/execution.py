@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 from django.utils import timezone
 
-from .errors import ChildWorkflowError, ConcurrencyLimitError, DurableError
-from .serialization import json_copy
+from .errors import ChildWorkflowError, ConcurrencyLimitError, DurableError, UnstorableValueError
+from .limits import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK, text_lengths
+from .serialization import json_copy, storable_text, validate_text
 from .status import TERMINAL_STATUSES, RunStatus
 from .stores.base import RunRecord, StepRecord, record_held_with_primitives
 
@@ -35,8 +36,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Signal tokens are kept in a column of this size.
-MAX_TOKEN_LENGTH = 255
+#: The names of the steps recording a signal and a child start: the prefix, then the
+#: signal's token or the child's workflow name.
+SIGNAL_STEP_PREFIX = "durable.signal:"
+CHILD_STEP_PREFIX = "durable.child:"
 
 #: The context of the body running in this thread (or task), if any.
 current_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
@@ -78,11 +81,32 @@ class LeaseLost(BaseException):
 
 
 def error_payload(error: BaseException) -> dict[str, Any]:
-    """A failure as JSON: its type, message and traceback."""
-    return {
+    """A failure as JSON any store holds: its type, message and traceback, with the
+    characters a database refuses replaced and their length bounded. For a value that
+    could not be stored, also which value (``value``), where in it (``path``) and why
+    (``rule``)."""
+    try:
+        message = str(error)
+    except Exception:
+        message = f"<str() of {type(error).__name__} failed>"
+    try:
+        trace = "".join(traceback.format_exception(error))
+    except Exception:
+        trace = ""
+    payload = {
         "type": f"{type(error).__module__}.{type(error).__qualname__}",
-        "message": str(error),
-        "traceback": "".join(traceback.format_exception(error)),
+        "message": message,
+        "traceback": trace,
+    }
+    if isinstance(error, UnstorableValueError):
+        payload.update(value=error.what, path=error.path, rule=error.rule)
+    return {
+        name: storable_text(
+            text,
+            MAX_ERROR_TRACEBACK if name == "traceback" else MAX_ERROR_MESSAGE,
+            keep_end=name == "traceback",
+        )
+        for name, text in payload.items()
     }
 
 
@@ -209,7 +233,10 @@ class Context:
         A failure is retried up to ``retries`` times, waiting ``backoff`` seconds (doubled
         at each attempt; or ``backoff(attempt)``) on a durable timer, not in the worker.
         A step that fails for good raises :class:`StepError`, on this turn and on replays.
+        A result the store cannot hold (not JSON, NUL characters, too deep or too large:
+        :class:`~durable_django.UnstorableValueError`) fails the step the same way.
         """
+        validate_text(name, "step name", text_lengths().step_name)
         position, recorded = self._next(name)
         attempt = 1
         if recorded is not None:
@@ -223,7 +250,7 @@ class Context:
                 raise Suspend({"retry": name}, wake_at)
             attempt = recorded.error.get("attempts", 1) + 1
         try:
-            value = _outside_body(fn, *args, **kwargs)
+            result = json_copy(_outside_body(fn, *args, **kwargs), f"the result of step {name!r}")
         except Exception as error:
             failure = {**error_payload(error), "attempts": attempt, "retry_at": None}
             if attempt <= retries:
@@ -235,8 +262,6 @@ class Context:
                 raise Suspend({"retry": name}, wake_at) from None
             self._record(StepRecord(position, name, error=failure), replace=attempt > 1)
             raise StepError(name, failure) from error
-        # A result that is not JSON is a bug in the step, not a failure worth retrying.
-        result = json_copy(value, f"the result of step {name!r}")
         if attempt > 1:
             self._record(StepRecord(position, name, result=result), replace=True)
         else:
@@ -269,13 +294,10 @@ class Context:
         A signal sent before the wait is kept for it. With ``timeout`` (seconds or a
         ``timedelta``), raises :class:`SignalTimeout` when none came in time.
         """
-        if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_LENGTH:
-            raise ValueError(
-                f"a signal token must be a str of 1 to {MAX_TOKEN_LENGTH} characters, not {token!r}"
-            )
+        validate_text(token, "signal token", text_lengths().signal_token)
         if isinstance(timeout, datetime.timedelta):
             timeout = timeout.total_seconds()
-        name = f"durable.signal:{token}"
+        name = SIGNAL_STEP_PREFIX + token
         deadline_text = self._once(
             name,
             lambda: (
@@ -360,7 +382,7 @@ class Context:
         self, workflow: Any, input: Any, child_id: str | None, options: dict[str, Any]
     ) -> tuple[str, bool]:
         definition = self.engine.definition(workflow)
-        name = f"durable.child:{definition.name}"
+        name = CHILD_STEP_PREFIX + definition.name
         position, recorded = self._next(name)
         if recorded is None:
             run_id = child_id if child_id is not None else f"{self.run_id}/{position}"
@@ -509,6 +531,10 @@ def _lease_kept(engine: Engine, context: Context, seconds: float) -> Any:
     return _lease_keeper.kept(engine, context, seconds)
 
 
+#: What every end of a turn sets: the run is no longer held.
+_RELEASED = {"lease_owner": "", "lease_expires_at": None, "blocked_reason": ""}
+
+
 def execute_run(engine: Engine, run_id: str) -> bool:
     """Claim a pending run, replay its body, and suspend or finish it.
 
@@ -561,20 +587,89 @@ def execute_run(engine: Engine, run_id: str) -> bool:
         return True
     finally:
         current_context.reset(token)
-    finished = _end_turn(
-        store,
-        run_id,
-        owner,
-        status,
-        context.unwritten,
-        lease_owner="",
-        lease_expires_at=None,
-        blocked_reason="",
-        **fields,
+    status, fields, finished = _write_turn_end(
+        store, run_id, owner, status, context.unwritten, {**fields, **_RELEASED}
     )
     if finished:
         _after_turn(engine, run, status, fields.get("wait"))
     return True
+
+
+def _write_turn_end(
+    store: Any, run_id: str, owner: str, status: str, step: StepRecord | None, fields: Any
+) -> tuple[str, dict[str, Any], bool]:
+    """End the turn as the body left it: ``(status, fields, whether the run was held)``.
+
+    The values were checked before (what the store cannot hold failed the run or its
+    step already), so a write the database still refuses is tried once more (a deadlock
+    or a dropped connection passes). Refused again, the run ends ``failed`` with an
+    error record every database holds instead: a run must never stay ``running``, to be
+    handed on and replayed at each lease, holding its slot. Only when that write fails
+    too (the database is unreachable) does the error propagate; the run's lease then
+    lapses and the tick hands it on.
+    """
+    refusal: Exception | None = None
+    for _ in range(2):
+        try:
+            with _refusable(store):
+                return status, fields, _end_turn(store, run_id, owner, status, step, **fields)
+        except Exception as error:
+            logger.warning("run %r: the end of its turn was refused", run_id, exc_info=True)
+            refusal = error
+    assert refusal is not None
+    failed = {
+        **_RELEASED,
+        "output": None,
+        "error": _unwritten_payload(status, refusal),
+        "finished_at": timezone.now(),
+        "wait": None,
+        "wake_at": None,
+    }
+    with _refusable(store):
+        held = store.transition(
+            run_id, [RunStatus.RUNNING], RunStatus.FAILED, owner=owner, **failed
+        )
+    return RunStatus.FAILED, failed, held
+
+
+def _unwritten_payload(status: str, error: Exception) -> dict[str, Any]:
+    """The error record of a run whose turn's end the database refused: ASCII text of
+    bounded length, which every database and character set holds."""
+
+    def ascii_text(text: str) -> str:
+        return text.encode("ascii", "backslashreplace").decode("ascii")
+
+    refused = error_payload(error)
+    message = f"the end of the turn ({status}) could not be stored: {refused['message']}"
+    return {
+        "type": ascii_text(refused["type"][:200]),
+        "message": ascii_text(message[:2000]),
+        "traceback": ascii_text(refused["traceback"][-10_000:]),
+        "unwritten": status,
+    }
+
+
+@contextlib.contextmanager
+def _refusable(store: Any) -> Iterator[None]:
+    """A write the database may refuse. Inside a transaction of the caller's (a test's),
+    in a savepoint, so that the transaction stays usable after a refusal; outside one, a
+    connection the refusal broke is closed (MariaDB closes its end on a statement larger
+    than ``max_allowed_packet``), so the next write opens a new one."""
+    using = getattr(store, "using", None)
+    if using is None:  # not a database of Django's
+        yield
+        return
+    connection = connections[using]
+    if connection.in_atomic_block:
+        with store.atomic():
+            yield
+        return
+    try:
+        yield
+    except Exception:
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
+        raise
 
 
 def _end_turn(

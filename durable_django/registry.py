@@ -8,14 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .concurrency import TAG_PREFIX, Concurrency, ConcurrencyOption, for_workflow
-from .errors import WorkflowNotFound
+from .errors import UnstorableValueError, WorkflowNotFound
+from .limits import text_lengths
 from .schedules import ScheduleSpec
+from .serialization import validate_text
 
 WorkflowBody = Callable[[Any, Any], Any]
-
-MAX_NAME_LENGTH = 200
-MAX_VERSION_LENGTH = 64
-MAX_TAG_LENGTH = 255
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,22 +37,11 @@ class WorkflowDefinition:
         return f"{getattr(body, '__module__', '?')}.{getattr(body, '__qualname__', repr(body))}"
 
 
-def validate_text(value: object, what: str, max_length: int) -> str:
-    """``value`` if it is a non-empty str of at most ``max_length`` characters."""
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, not {type(value).__name__} {value!r}")
-    if not value:
-        raise ValueError(f"{what} must not be empty")
-    if len(value) > max_length:
-        raise ValueError(f"{what} is {len(value)} characters long; at most {max_length} allowed")
-    return value
-
-
 def validate_tags(tags: Iterable[str]) -> tuple[str, ...]:
     """Check user tags: strings, not too long, and not in the quota's reserved prefix."""
     if isinstance(tags, str):
         raise TypeError(f"tags must be a list of str, not the str {tags!r}")
-    checked = tuple(validate_text(tag, "a tag", MAX_TAG_LENGTH) for tag in tags)
+    checked = tuple(validate_text(tag, "a tag", text_lengths().tag) for tag in tags)
     reserved = [tag for tag in checked if tag.startswith(TAG_PREFIX)]
     if reserved:
         raise ValueError(
@@ -81,12 +68,13 @@ def make_definition(
     ``schedule`` is a :class:`~durable_django.schedules.ScheduleSpec`, a dict with the
     same keys, or a list of them.
     """
-    validate_text(name, "workflow name", MAX_NAME_LENGTH)
-    validate_text(version, "workflow version", MAX_VERSION_LENGTH)
+    lengths = text_lengths()
+    validate_text(name, "workflow name", lengths.workflow)
+    validate_text(version, "workflow version", lengths.version)
     if body is not None and not callable(body):
         raise TypeError(f"workflow {name!r}: the body must be callable, not {type(body).__name__}")
     if remote:
-        validate_text(queue, f"workflow {name!r}: queue", MAX_NAME_LENGTH)
+        validate_text(queue, f"workflow {name!r}: queue", lengths.queue)
     if isinstance(on_event, str):
         raise TypeError(f"workflow {name!r}: on_event must be a list of event names")
     return WorkflowDefinition(
@@ -97,7 +85,7 @@ def make_definition(
         remote=remote,
         concurrency=for_workflow(concurrency, name),
         tags=validate_tags(tags),
-        on_event=tuple(validate_text(e, "an event name", MAX_NAME_LENGTH) for e in on_event),
+        on_event=tuple(validate_text(e, "an event name") for e in on_event),
         schedules=_schedules(name, schedule),
     )
 
@@ -108,6 +96,10 @@ def _schedules(workflow: str, schedule: Any) -> tuple[ScheduleSpec, ...]:
     specs = schedule if isinstance(schedule, list | tuple) else [schedule]
     try:
         built = tuple(ScheduleSpec.build(spec) for spec in specs)
+    except UnstorableValueError as error:
+        raise UnstorableValueError(
+            f"workflow {workflow!r}: {error.what}", error.path, error.rule
+        ) from None
     except (TypeError, ValueError) as error:
         raise type(error)(f"workflow {workflow!r}: {error}") from None
     keys = [spec.key for spec in built]

@@ -26,7 +26,8 @@ from django.utils import timezone
 
 from . import concurrency as quotas
 from .errors import ConcurrencyLimitError, DurableError
-from .serialization import json_copy
+from .limits import text_lengths
+from .serialization import json_copy, validate_text
 
 if TYPE_CHECKING:
     from .engines import Engine
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("durable_django.schedules")
 
-MAX_KEY_LENGTH = 200
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
@@ -108,8 +108,7 @@ class ScheduleSpec:
                 "count_statuses": list(concurrency.count_statuses),
             }
         spec = cls(**options)
-        if not isinstance(spec.key, str) or not spec.key or len(spec.key) > MAX_KEY_LENGTH:
-            raise ValueError(f"a schedule key must be a str of 1 to {MAX_KEY_LENGTH} characters")
+        validate_text(spec.key, "a schedule key", text_lengths().schedule_key)
         validate_timing(spec.cron, spec.timezone, spec.interval)
         json_copy(spec.input, f"the input of schedule {spec.key!r}")
         if spec.concurrency is not None:

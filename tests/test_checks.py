@@ -201,36 +201,6 @@ def test_a_limit_that_refuses_every_start_is_warned(registry):
     assert messages[1].obj == "negative"
 
 
-def test_finished_runs_counted_against_a_quota_are_warned(registry):
-    registry.add(
-        make_definition(
-            "history",
-            "1",
-            echo,
-            concurrency={
-                "key": lambda i: "k",
-                "limit": 5,
-                "count_statuses": ["running", "completed"],
-            },
-        )
-    )
-    registry.add(
-        make_definition(
-            "narrow",
-            "1",
-            echo,
-            concurrency={
-                "key": lambda i: "k",
-                "limit": 5,
-                "count_statuses": ["pending", "running"],
-            },
-        )
-    )
-    messages = quota_warnings(registry.all())
-    assert ids(messages) == ["durable_django.W005"]
-    assert "counts finished runs (completed)" in messages[0].msg
-
-
 def test_the_workflow_check_reads_the_declared_workflows(db):
     definition = default_engine.register(
         "tests.checks.closed", "1", echo, concurrency={"key": lambda i: "k", "limit": 0}

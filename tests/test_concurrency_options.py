@@ -6,7 +6,6 @@ import pytest
 
 from durable_django import DEFAULT_CONCURRENCY_STATUSES, Concurrency
 from durable_django.concurrency import (
-    MAX_KEY_LENGTH,
     Quota,
     aresolve,
     coerce,
@@ -46,7 +45,11 @@ def test_concurrency_is_immutable():
         ({"key": "k", "limit": 1, "count_statuses": []}, ValueError, "at least one"),
         ({"key": "k", "limit": 1, "count_statuses": "pending"}, TypeError, "list of statuses"),
         ({"key": "", "limit": 1}, ValueError, "must not be empty"),
-        ({"key": "x" * (MAX_KEY_LENGTH + 1), "limit": 1}, ValueError, "at most"),
+        ({"key": "x" * 244, "limit": 1}, ValueError, "at most 243"),
+        ({"key": "k\x00", "limit": 1}, ValueError, "NUL character"),
+        ({"key": "k", "limit": 2**31}, ValueError, "between -2147483648 and 2147483647"),
+        ({"key": "k", "limit": -(2**31) - 1}, ValueError, "between"),
+        ({"key": "k", "limit": 1, "count_statuses": ["completed"]}, ValueError, "lifetime cap"),
         ({"key": "k"}, ValueError, "missing"),
         ({"key": "k", "limit": 1, "limits": 2}, ValueError, "unknown concurrency option"),
     ],

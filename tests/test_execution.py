@@ -81,11 +81,12 @@ def test_a_non_json_output_or_step_result_fails_the_run(engine: Engine):
     out = engine.start("out", {})
     step = engine.start("step", {})
     run_until_idle(engine)
-    assert (
-        "output of workflow 'out' must be JSON-serialisable"
-        in engine.get_run(out.run_id).error["message"]
+    assert engine.get_run(out.run_id).error["message"] == (
+        "the output of workflow 'out' cannot be stored: set is not JSON-serialisable"
     )
-    assert "result of step 's'" in engine.get_run(step.run_id).error["message"]
+    assert engine.get_run(step.run_id).error["message"] == (
+        "the result of step 's' cannot be stored: object is not JSON-serialisable"
+    )
 
 
 def test_ctx_now_is_recorded_once(engine: Engine):
