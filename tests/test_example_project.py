@@ -125,3 +125,13 @@ def test_debug_is_off_unless_set_and_a_secret_key_is_required(tmp_path: Path) ->
         "shell", "-v", "0", "-c", show, env={**env, "SECRET_KEY": "from-the-environment"}
     )
     assert served.stdout.split() == ["False", "from-the-environment"], served.stderr
+
+
+def test_the_testcase_example_of_the_docs_is_the_one_the_project_runs() -> None:
+    """docs/testing.md shows tenants/test_turns.py, which the test above runs."""
+    docs = (EXAMPLE_PROJECT.parent / "docs" / "testing.md").read_text()
+    fence = '```python title="tenants/test_turns.py"\n'
+    shown = docs[docs.index(fence) + len(fence) :]
+    shown = shown[: shown.index("\n```\n") + 1]
+    module = (EXAMPLE_PROJECT / "tenants" / "test_turns.py").read_text()
+    assert module.endswith("\n\n" + shown)

@@ -38,34 +38,7 @@ class ChatApiTestCase(TestCase):
         )
 
 
-class StartTurnTests(ChatApiTestCase):
-    def test_a_turn_is_accepted_and_completes(self) -> None:
-        response = self.post_turn({"message": "hello there"})
-
-        self.assertEqual(response.status_code, 202)
-        run_id = response.json()["run_id"]
-        self.assertEqual(response.json(), {"run_id": run_id, "status": "pending", "created": True})
-        self.assertEqual(response["Location"], f"/runs/{run_id}")
-
-        self.assertEqual(run_until_idle(), 1)
-        run = self.client.get(f"/runs/{run_id}", headers=self.auth()).json()
-        self.assertEqual(run["status"], "completed")
-        self.assertEqual(run["output"]["reply"], "You said 2 word(s); backwards: there hello")
-
-    def test_the_third_turn_of_a_starter_tenant_is_refused(self) -> None:
-        for _ in range(2):
-            self.assertEqual(self.post_turn().status_code, 202)
-
-        refused = self.post_turn()
-
-        self.assertEqual(refused.status_code, 429)
-        self.assertEqual(refused["Retry-After"], "2")
-        self.assertEqual(refused.json()["key"], "tenant:acme")
-        # Another tenant has its own quota.
-        self.assertEqual(self.post_turn(slug="globex").status_code, 202)
-        run_until_idle()  # the turns end and free their slots
-        self.assertEqual(self.post_turn().status_code, 202)
-
+class AuthenticationTests(ChatApiTestCase):
     def test_a_request_without_the_tenants_key_is_refused(self) -> None:
         anonymous = self.client.post(
             "/tenants/acme/turns", {"message": "hi"}, content_type="application/json"

@@ -39,7 +39,7 @@ def authorised_tenant(request: HttpRequest, slug: str) -> Tenant | JsonResponse:
     if tenant is None:
         return unauthorized()
     if tenant.slug != slug:
-        return JsonResponse({"message": f"this API key is not {slug!r}'s"}, status=403)
+        return JsonResponse({"message": f"this API key is not for tenant {slug!r}"}, status=403)
     return tenant
 
 
