@@ -151,6 +151,8 @@ def run_status_view(
     def view(request: HttpRequest, run_id: str) -> HttpResponse:
         from .engines import default_engine
 
+        if "\x00" in run_id:  # no run has one, and PostgreSQL refuses it in a query
+            return run_not_found(run_id)
         try:
             run = (engine or default_engine).get_run(run_id)
         except (RunNotFound, ValueError, TypeError):

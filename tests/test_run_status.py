@@ -103,6 +103,11 @@ def test_another_tenants_run_is_the_same_404_as_an_unknown_one(acme):
     assert Client().get(f"/runs/{globex_run}").status_code == 404  # no tenant at all
 
 
+def test_an_id_no_run_can_have_is_not_found(acme):
+    response = acme.get("/runs/a%00b")  # a NUL, which PostgreSQL refuses in a query
+    assert (response.status_code, response.json()) == (404, {"message": "no run 'a\\x00b'"})
+
+
 def test_only_true_authorises():
     assert Client().get(f"/truthy/{start()}").status_code == 404
 
