@@ -1,5 +1,5 @@
 """System checks: databases configured so the quota can serialise starts, a Celery app
-and broker to send runs to, and declared quotas that make sense."""
+and a loadable broker to send runs to, and declared quotas that make sense."""
 
 from __future__ import annotations
 
@@ -101,18 +101,26 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     (``DURABLE["ENQUEUE"]``, on a store workers share). It cannot tell whether the broker
     answers or whether a worker consumes the queue: checks do not touch the network.
     """
+    app = _sending_celery_app()
+    return [] if app is None else celery_warnings(app)
+
+
+def _sending_celery_app() -> Any:
+    """The Celery app runs are sent through, or ``None`` when the default engine sends
+    nothing (``ENQUEUE`` off, a store workers do not share, or settings that do not load:
+    ``check_settings`` reports those)."""
     try:
         if not durable_settings()["ENQUEUE"]:
-            return []
+            return None
         from .engines import default_engine
 
         if not default_engine.config.store.is_shared:
-            return []
+            return None
     except (ImproperlyConfigured, TypeError, ValueError):
-        return []  # check_settings reports it
+        return None
     from celery import current_app
 
-    return celery_warnings(current_app._get_current_object())
+    return current_app._get_current_object()
 
 
 def celery_warnings(app: Any) -> list[checks.CheckMessage]:
@@ -171,6 +179,68 @@ def celery_warnings(app: Any) -> list[checks.CheckMessage]:
             id="durable_django.W003",
         )
     ]
+
+
+@checks.register()
+def check_broker(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Refuse a broker whose kombu transport cannot be loaded in this process: its workers
+    and beat would crash at start while the web process kept accepting runs."""
+    app = _sending_celery_app()
+    return [] if app is None else broker_errors(app)
+
+
+def broker_errors(app: Any) -> list[checks.CheckMessage]:
+    """The messages :func:`check_broker` gives for a Celery app.
+
+    It loads the transport of the app's broker URL as a worker does: kombu imports the
+    transport's module, and its client library there or when the transport is made. It
+    connects to nothing.
+    """
+    if app.main == "default" and not app.fixups:
+        return []  # check_celery reports Celery's fallback app
+    try:
+        url = app.conf.broker_write_url or app.conf.broker_url or CELERY_DEFAULT_BROKER
+        transport = app.conf.broker_transport or _transport_name(url)
+    except Exception:  # a configuration that does not load: check_celery reports it
+        return []
+    try:
+        from kombu import Connection
+        from kombu.transport import resolve_transport
+
+        resolve_transport(transport)  # imports the transport's module
+        connection = Connection(url, transport=app.conf.broker_transport)
+        try:
+            connection.transport  # noqa: B018  (some transports import their library here)
+        finally:
+            connection.release()
+    except Exception as error:
+        from kombu.utils.url import maybe_sanitize_url
+
+        missing = error.name if isinstance(error, ModuleNotFoundError) else None
+        return [
+            checks.Error(
+                f"the Celery broker {maybe_sanitize_url(url)} cannot be used: kombu's "
+                f"{transport!r} transport does not load ({type(error).__name__}: {error})",
+                hint=(
+                    "Use a transport kombu knows (redis://, amqp://, ...)."
+                    if isinstance(error, KeyError)
+                    else (f"Install the missing module {missing!r}. " if missing else "")
+                    + "For Redis, install durable-django's redis extra (celery[redis]); "
+                    "for another broker, Celery's extra named after it (celery[sqs], "
+                    "celery[mongodb], ...). Without it workers and beat crash at start "
+                    "while starts keep creating runs."
+                ),
+                id="durable_django.E003",
+            )
+        ]
+    return []
+
+
+def _transport_name(url: str) -> str:
+    """The kombu transport a broker URL names: its scheme, or what precedes ``+`` in it
+    (``sqla+postgresql://``); the first URL of a failover list ``url1;url2``."""
+    scheme = url.split(";", 1)[0].strip().split("://", 1)[0]
+    return scheme.split("+", 1)[0] if "+" in scheme else scheme
 
 
 @checks.register()

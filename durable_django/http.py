@@ -1,4 +1,5 @@
-"""Turning a quota refusal into an HTTP 429 with a ``Retry-After`` header."""
+"""HTTP helpers: a quota refusal as a 429 with a ``Retry-After`` header, and a JSON view
+that tells a client how its run is doing."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.http import require_safe
 
-from .errors import ConcurrencyLimitError
+from .errors import ConcurrencyLimitError, RunNotFound
+from .status import TERMINAL_STATUSES
+from .stores.base import RunRecord
 
 DEFAULT_MESSAGE = "Busy, retry shortly"
 DEFAULT_RETRY_AFTER = 1
@@ -84,3 +88,77 @@ class ConcurrencyLimitMiddleware:
         if isinstance(exception, ConcurrencyLimitError):
             return too_many_requests(exception)
         return None
+
+
+# Following a run ---------------------------------------------------------------------------
+
+#: Seconds a client is asked to wait before polling a run that has not ended again.
+DEFAULT_POLL_SECONDS = 1
+
+
+def run_status(run: RunRecord) -> dict[str, Any]:
+    """What a client may see of a run: ``run_id``, ``workflow``, ``status``, ``output``
+    (once completed, else ``None``) and ``error`` (for a failed or cancelled run its
+    ``{"type", "message"}``, never the traceback; else ``None``)."""
+    error = None
+    if run.status in ("failed", "cancelled") and isinstance(run.error, dict):
+        error = {"type": run.error.get("type"), "message": run.error.get("message")}
+    return {
+        "run_id": run.run_id,
+        "workflow": run.workflow,
+        "status": run.status,
+        "output": run.output if run.status == "completed" else None,
+        "error": error,
+    }
+
+
+def run_status_response(
+    run: RunRecord, *, poll_seconds: int = DEFAULT_POLL_SECONDS
+) -> JsonResponse:
+    """200 with :func:`run_status`; while the run has not ended, a ``Retry-After`` header
+    telling the client when to ask again."""
+    response = JsonResponse(run_status(run))
+    if run.status not in TERMINAL_STATUSES:
+        response["Retry-After"] = str(poll_seconds)
+    return response
+
+
+def run_not_found(run_id: str) -> JsonResponse:
+    """The 404 for a run the client may not see, whether it exists or not."""
+    return JsonResponse({"message": f"no run {run_id!r}"}, status=404)
+
+
+def run_status_view(
+    authorize: Callable[[HttpRequest, RunRecord], bool],
+    *,
+    engine: Any = None,
+    poll_seconds: int = DEFAULT_POLL_SECONDS,
+) -> Callable[..., HttpResponse]:
+    """A ``GET`` view ``(request, run_id)`` answering :func:`run_status_response`.
+
+    A run id is not a secret, so the view has no default access rule: ``authorize(request,
+    run)`` is the project's own check (the run's tenant is the request's, say) and must
+    return ``True`` for the run to be shown. A run it refuses, an unknown run and a run
+    outside the engine's namespace (``SCOPE_READS``) all answer the same 404, so a client
+    learns nothing about runs it may not see. ``engine`` defaults to the default engine.
+    """
+    if not callable(authorize):
+        raise TypeError(
+            f"authorize must be a callable (request, run) -> bool, not {type(authorize).__name__}"
+        )
+
+    @require_safe
+    def view(request: HttpRequest, run_id: str) -> HttpResponse:
+        from .engines import default_engine
+
+        if "\x00" in run_id:  # no run has one, and PostgreSQL refuses it in a query
+            return run_not_found(run_id)
+        try:
+            run = (engine or default_engine).get_run(run_id)
+        except (RunNotFound, ValueError, TypeError):
+            return run_not_found(run_id)
+        if authorize(request, run) is not True:
+            return run_not_found(run_id)
+        return run_status_response(run, poll_seconds=poll_seconds)
+
+    return view

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from celery import Celery
 from django.conf import settings
+from django.core import checks
 from django.core.management import call_command
 from django.test import override_settings
 
 from durable_django.checks import (
     CELERY_DEFAULT_BROKER,
+    broker_errors,
     celery_warnings,
     check_celery,
     check_databases,
@@ -177,6 +181,67 @@ def test_a_process_without_a_celery_app_gets_the_warning(tmp_path):
     assert completed.returncode == 0, completed.stderr
     assert "durable_django.W002" in completed.stderr
     assert "no Celery app is loaded in this process" in completed.stderr
+
+
+# the broker's transport -----------------------------------------------------------------
+
+
+def test_a_broker_whose_client_library_is_missing_is_an_error(no_broker_in_the_environment):
+    # Neither is installed with the dev extra: the transports fail as they would in a worker.
+    assert importlib.util.find_spec("pymongo") is None
+    assert importlib.util.find_spec("botocore") is None
+    mongo = Celery("project", broker="mongodb://app:s3cret@127.0.0.1:27017/q", set_as_current=False)
+    sqs = Celery("project", broker="sqs://", set_as_current=False)
+
+    [mongo_error] = broker_errors(mongo)
+    [sqs_error] = broker_errors(sqs)
+
+    assert (mongo_error.id, mongo_error.level) == ("durable_django.E003", checks.ERROR)
+    assert "kombu's 'mongodb' transport does not load" in mongo_error.msg
+    assert "No module named 'pymongo'" in mongo_error.msg
+    assert "Install the missing module 'pymongo'" in mongo_error.hint
+    assert "s3cret" not in mongo_error.msg  # the password is masked
+    assert "Install the missing module 'botocore'" in sqs_error.hint
+
+
+def test_brokers_whose_transport_loads_pass(no_broker_in_the_environment):
+    for url in ("redis://:pw@127.0.0.1:6379/0", "amqp://guest@127.0.0.1//", "memory://"):
+        assert broker_errors(Celery("project", broker=url, set_as_current=False)) == [], url
+    # A failover list: the first URL's transport is the one loaded first.
+    listed = Celery("project", broker="redis://a:6379/0;redis://b:6379/0", set_as_current=False)
+    assert broker_errors(listed) == []
+
+
+def test_an_unknown_transport_is_an_error(no_broker_in_the_environment):
+    [error] = broker_errors(Celery("project", broker="nosuch://x", set_as_current=False))
+    assert error.id == "durable_django.E003"
+    assert "No such transport: nosuch" in error.msg
+
+
+def test_manage_py_check_fails_on_a_broker_that_does_not_load():
+    """What a user sees: ``manage.py check`` fails, naming the missing module."""
+    # The suite's settings, with its Celery app loaded as a project's __init__.py does.
+    script = (
+        "import django; django.setup(); import tests.celery_app; "
+        "from django.core.management import execute_from_command_line; "
+        "execute_from_command_line(['manage.py', 'check'])"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    # Celery reads the broker from the environment before the settings.
+    env.update(
+        CELERY_BROKER_URL="mongodb://127.0.0.1:27017/q", DURABLE_TEST_DURABLE='{"ENQUEUE": true}'
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert completed.returncode == 1, completed.stderr
+    assert "durable_django.E003" in completed.stderr
+    assert "No module named 'pymongo'" in completed.stderr
 
 
 # declared quotas ------------------------------------------------------------------------

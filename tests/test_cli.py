@@ -220,6 +220,25 @@ def test_retry_refused_by_the_quota_exits_75(db, failing_workflow):
     assert default_engine.get_run(run_id).status == RunStatus.FAILED
 
 
+def test_retry_refused_by_the_quota_reports_the_refusal_as_json(db, failing_workflow):
+    run_id = default_engine.start("tests.boom", {"key": "tenant:busy"}).run_id
+    run_until_idle()
+    for _ in range(3):
+        start_echo("tenant:busy")
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="refused by the quota") as raised:
+        call_command("durable", "retry", run_id, "--json", stdout=out)
+    assert raised.value.returncode == 75
+    assert json.loads(out.getvalue()) == {
+        "refused": "quota",
+        "workflow": "tests.boom",
+        "key": "tenant:busy",
+        "limit": 3,
+        "active": 3,
+        "run_id": run_id,
+    }
+
+
 def test_retry_refuses_a_run_that_has_not_failed(db):
     run_id = start_echo()
     with pytest.raises(CommandError, match="only a failed run can be retried"):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import io
+import json
 
 import pytest
-from django.core.management import CommandError
+from django.core.management import CommandError, call_command
 
 from durable_django import engine as default_engine
 from durable_django.models import Schedule
@@ -52,6 +54,19 @@ def test_fire_starts_a_run_now_under_the_schedules_quota(reports):
     assert refused.value.returncode == 75
     reports.refresh_from_db()
     assert "skipped" in reports.last_error
+    # With --json, the refusal on stdout as well.
+    out = io.StringIO()
+    with pytest.raises(CommandError) as refused:
+        call_command("durable", "fire", "reports", "--json", stdout=out)
+    assert refused.value.returncode == 75
+    assert json.loads(out.getvalue()) == {
+        "refused": "quota",
+        "workflow": "tests.plain",
+        "key": "reports",
+        "limit": 1,
+        "active": 1,
+        "schedule": "reports",
+    }
 
 
 def test_fire_an_unknown_schedule(db):

@@ -6,5 +6,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("tenants/<slug:slug>", views.tenant_detail, name="tenant-detail"),
     path("tenants/<slug:slug>/turns", views.start_turn, name="start-turn"),
-    path("runs/<str:run_id>", views.run_detail, name="run-detail"),
+    path("runs/<path:run_id>", views.run_detail, name="run-detail"),
 ]

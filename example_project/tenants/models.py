@@ -1,6 +1,9 @@
 """Tenants, the plans that set how many chat turns each may have in progress, and the
 messages the chat turns store."""
 
+import hashlib
+import secrets
+
 from django.db import models
 
 
@@ -25,6 +28,13 @@ class Tenant(models.Model):
     slug = models.SlugField(unique=True)
     name = models.CharField(max_length=100)
     plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="tenants")
+    api_key_hash = models.CharField(
+        max_length=64,
+        blank=True,
+        db_index=True,
+        editable=False,
+        help_text="SHA-256 of the tenant's API key; the key itself is shown once, when issued.",
+    )
 
     class Meta:
         ordering = ["slug"]
@@ -35,6 +45,14 @@ class Tenant(models.Model):
     @property
     def quota_key(self) -> str:
         return quota_key(self.slug)
+
+    def issue_api_key(self) -> str:
+        """A new API key for the tenant (the previous one stops working); only its hash
+        is stored, so this is the one time it can be read."""
+        key = secrets.token_urlsafe(32)
+        self.api_key_hash = hash_api_key(key)
+        self.save(update_fields=["api_key_hash"])
+        return key
 
 
 class Message(models.Model):
@@ -59,3 +77,8 @@ QUOTA_KEY_PREFIX = "tenant:"
 def quota_key(slug: str) -> str:
     """The concurrency key a tenant's chat turns are started under."""
     return f"{QUOTA_KEY_PREFIX}{slug}"
+
+
+def hash_api_key(key: str) -> str:
+    """What is stored of an API key: a random key needs no salt or slow hash."""
+    return hashlib.sha256(key.encode()).hexdigest()

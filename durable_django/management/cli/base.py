@@ -6,13 +6,18 @@ import datetime
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from ...engines import Engine, default_engine
+from ...errors import ConcurrencyLimitError
 from ...stores.base import RunRecord, StepRecord
+
+#: The exit status of a start refused by the quota: a temporary failure (sysexits'
+#: EX_TEMPFAIL), worth trying again once a run of the key has ended.
+EXIT_REFUSED = 75
 
 
 class Subcommand:
@@ -47,6 +52,23 @@ class Subcommand:
     def emit_json(self, data: Any) -> None:
         """One JSON document (one line)."""
         self.command.stdout.write(json.dumps(data, default=_json_default, ensure_ascii=False))
+
+    def refuse(self, error: ConcurrencyLimitError, message: str, **context: Any) -> NoReturn:
+        """End with exit status 75 (``EX_TEMPFAIL``) for a start the quota refused: the
+        message on stderr, and with ``--json`` the refusal on stdout as
+        ``{"refused": "quota", "workflow", "key", "limit", "active", **context}``."""
+        if self.as_json:
+            self.emit_json(
+                {
+                    "refused": "quota",
+                    "workflow": error.workflow,
+                    "key": error.key,
+                    "limit": error.limit,
+                    "active": error.active,
+                    **context,
+                }
+            )
+        raise CommandError(message, returncode=EXIT_REFUSED) from error
 
     def table(
         self, headers: Sequence[str], rows: Iterable[Sequence[Any]], right: Iterable[int] = ()

@@ -9,7 +9,6 @@ from django.core.management.base import CommandError, CommandParser
 from ...models import Schedule
 from ...schedules import fire_now
 from .base import Subcommand
-from .retry import EXIT_REFUSED
 
 
 class FireSubcommand(Subcommand):
@@ -26,10 +25,10 @@ class FireSubcommand(Subcommand):
             raise CommandError(f"no schedule with key {options['key']!r}")
         firing = fire_now(self.engine, schedule)
         if firing.run_id is None:
-            raise CommandError(
-                f"schedule {schedule.key!r} not fired: {firing.error}",
-                returncode=EXIT_REFUSED if firing.refusal is not None else 1,
-            )
+            message = f"schedule {schedule.key!r} not fired: {firing.error}"
+            if firing.refusal is not None:
+                self.refuse(firing.refusal, message, schedule=schedule.key)
+            raise CommandError(message)
         if self.as_json:
             self.emit_json({"key": schedule.key, "run_id": firing.run_id})
         else:

@@ -9,10 +9,6 @@ from django.core.management.base import CommandError, CommandParser
 from ...errors import ConcurrencyLimitError, DurableError
 from .base import Subcommand
 
-#: The exit status of a retry refused by the quota: a temporary failure (sysexits'
-#: EX_TEMPFAIL), worth trying again once a run of the key has ended.
-EXIT_REFUSED = 75
-
 
 class RetrySubcommand(Subcommand):
     name = "retry"
@@ -27,11 +23,12 @@ class RetrySubcommand(Subcommand):
         try:
             self.engine.retry(run_id)
         except ConcurrencyLimitError as error:
-            raise CommandError(
+            self.refuse(
+                error,
                 f"retry of run {run_id!r} refused by the quota: key {error.key!r} has "
                 f"{error.active} active run(s), limit {error.limit}; try again once one ends",
-                returncode=EXIT_REFUSED,
-            ) from error
+                run_id=run_id,
+            )
         except DurableError as error:  # not found, not failed, workflow not registered
             raise CommandError(str(error)) from error
         run = self.engine.get_run(run_id)

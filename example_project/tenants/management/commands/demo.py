@@ -12,6 +12,7 @@ Exits non-zero when anything differs from what the quota promises.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import signal
@@ -20,16 +21,20 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.test import Client
+from django.urls import reverse
 
 from durable_django import DEFAULT_CONCURRENCY_STATUSES, engine
 
+from ... import views
 from ...models import Plan, Tenant
+from ...workflows import ChatTurnWorkflow
 
 PLANS = {"starter": 2, "pro": 8}
 TENANTS = {"acme": ("Acme Corporation", "pro"), "globex": ("Globex Inc.", "starter")}
@@ -89,6 +94,8 @@ class Command(BaseCommand):
         self.section("Setting up")
         call_command("migrate", interactive=False, verbosity=0)
         tenants = self.set_up_tenants()
+        # The API's keys, issued afresh for the demo's tenants (`manage.py tenant_key`).
+        self.api_keys = {slug: tenant.issue_api_key() for slug, tenant in tenants.items()}
         for tenant in tenants.values():
             self.say(
                 f"tenant {tenant.slug:<7} plan {tenant.plan.name:<8} "
@@ -144,6 +151,7 @@ class Command(BaseCommand):
                 self.stderr.write(f"PROBLEM: {problem}")
             raise CommandError(f"the demo found {len(self.problems)} problem(s)")
         self.say(self.style.SUCCESS(f"All as expected ({elapsed:.1f} s)."))
+        self.what_you_saw()
 
     # setting up -----------------------------------------------------------------------
 
@@ -238,7 +246,10 @@ class Command(BaseCommand):
     def post_turn(self, slug: str, number: int, message: str) -> Answer:
         began = time.perf_counter()
         response = self.client.post(
-            f"/tenants/{slug}/turns", {"message": message}, content_type="application/json"
+            f"/tenants/{slug}/turns",
+            {"message": message},
+            content_type="application/json",
+            headers=self.auth(slug),
         )
         millis = (time.perf_counter() - began) * 1000
         answer = Answer(
@@ -256,7 +267,7 @@ class Command(BaseCommand):
     def show_outcome(self, answer: Answer) -> None:
         run_id = answer.body["run_id"]
         engine.wait_for_run(run_id, timeout=WAIT_SECONDS)
-        response = self.client.get(f"/runs/{run_id}")
+        response = self.client.get(f"/runs/{run_id}", headers=self.auth(answer.tenant))
         run = json.loads(response.content)
         if run["status"] == "completed":
             shown = run["output"]["reply"]
@@ -264,6 +275,9 @@ class Command(BaseCommand):
             shown = run["error"]
             self.problem(f"run {run_id} ended {run['status']}: {run['error']}")
         self.say(f"  {answer.tenant:<7} {run_id}  {run['status']:<9}  {shown}")
+
+    def auth(self, slug: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_keys[slug]}"}
 
     # output ---------------------------------------------------------------------------
 
@@ -301,12 +315,27 @@ class Command(BaseCommand):
 
     def usage(self, tenants: dict[str, Tenant]) -> None:
         for tenant in tenants.values():
-            detail = json.loads(self.client.get(f"/tenants/{tenant.slug}").content)
+            response = self.client.get(f"/tenants/{tenant.slug}", headers=self.auth(tenant.slug))
+            detail = json.loads(response.content)
             running = engine.count_runs(tag=f"concurrency:{tenant.quota_key}", statuses=["running"])
             self.say(
                 f"GET /tenants/{tenant.slug}: {detail['active_turns']} of "
                 f"{detail['max_active_turns']} active turns ({running} running on the worker)"
             )
+
+    def what_you_saw(self) -> None:
+        """Where to look next: the code behind what the demo showed, the admin, the docs."""
+        self.section("What you just saw")
+        self.say(f"  the quota:  {where(ChatTurnWorkflow)}  (@workflow(..., concurrency=...))")
+        self.say(f"  the view:   {where(views.start_turn)}  (202, or 429 with Retry-After)")
+        self.say(
+            "  the admin:  python manage.py createsuperuser, DEBUG=1 python manage.py "
+            f"runserver, then http://127.0.0.1:8000{reverse('admin:durable_django_run_quotas')}"
+        )
+        self.say(
+            '  next:       example_project/README.md ("Running it by hand"), '
+            "then docs/getting-started.md"
+        )
 
     @staticmethod
     def active(tenant: Tenant) -> int:
@@ -325,6 +354,16 @@ def quiet_429_warnings() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def where(obj: Any) -> str:
+    """``path:line`` of a function's or class's definition (its first decorator), with
+    the path relative to example_project/."""
+    obj = inspect.unwrap(obj)
+    path = Path(inspect.getsourcefile(obj) or "?").resolve()
+    with contextlib.suppress(ValueError):
+        path = path.relative_to(Path(settings.BASE_DIR).resolve())
+    return f"{path}:{inspect.getsourcelines(obj)[1]}"
 
 
 def _json(content: bytes) -> dict[str, Any]:
