@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
@@ -19,7 +23,11 @@ QUOTAS = "admin:durable_django_run_quotas"
 
 
 def change_url(run_id: str) -> str:
-    return reverse("admin:durable_django_run_change", args=[run_id])
+    return reverse("admin:durable_django_run_change", args=[quote(run_id)])
+
+
+def button_url(run_id: str, operation: str) -> str:
+    return reverse(f"admin:durable_django_run_{operation}", args=[quote(run_id)])
 
 
 def start_echo(key: str = "tenant:acme", **input) -> str:
@@ -208,7 +216,127 @@ def test_the_change_page_of_a_failed_run_shows_the_error_readably(admin_client, 
     run_id = failed_run()
     html = admin_client.get(change_url(run_id)).content.decode()
     assert "<strong>builtins.RuntimeError</strong>: the reply service is down" in html
-    assert "Traceback (most recent call last)" in html
+    # The whole traceback, in a block that scrolls, durable_django's frames folded: the
+    # user's frame (the workflow body, in tests/conftest.py) is shown, not folded.
+    error = html[html.index('<div class="durable-traceback">') :]
+    error = error[: error.index("</div>")]
+    assert error.startswith('<div class="durable-traceback"><pre>Traceback (most recent call')
+    folded = re.findall(r'<details class="durable-library-frames"><summary>(.*?)</summary>', error)
+    assert folded and all(re.fullmatch(r"\d+ frames? of durable_django hidden", s) for s in folded)
+    shown = re.sub(r"<details.*?</details>", "", error, flags=re.S)
+    assert "conftest.py&quot;, line" in shown and "in boom" in shown
+    assert "durable_django/execution.py" not in shown
+    assert "RuntimeError: the reply service is down" in shown
+    # Times to the second, without microseconds.
+    run = Run.objects.get(pk=run_id)
+    assert (
+        f"<span>{run.finished_at:%Y-%m-%d}</span> <span>{run.finished_at:%H:%M:%S}</span>" in html
+    )
+
+
+def test_the_run_list_shows_short_ids_times_to_the_second_and_durations(admin_client):
+    done = default_engine.start("tests.plain", {"n": 1}).run_id
+    run_until_idle()
+    pending = start_echo()
+    retried = default_engine.start("tests.plain", {}, run_id="a-short-id").run_id
+    html = admin_client.get(reverse(CHANGELIST)).content.decode()
+
+    # Long ids cut to 8 characters, whole on hover and in the link; short ones whole.
+    assert f'<span class="durable-run-id" title="{pending}">{pending[:8]}…</span>' in html
+    assert f'href="{change_url(pending)}"' in html
+    assert f'<span class="durable-run-id" title="{retried}">{retried}</span>' in html
+    # Created to the second; no microseconds anywhere in the list.
+    created = Run.objects.get(pk=pending).created_at
+    assert f"<span>{created:%Y-%m-%d}</span> <span>{created:%H:%M:%S}</span>" in html
+    assert not re.search(r"\d\d:\d\d:\d\d\.\d", re.sub(r'(title|datetime)="[^"]*"', "", html))
+    # Duration: how long a finished run took; for how long an active one has been going.
+    run = Run.objects.get(pk=done)
+    took = (run.finished_at - run.created_at).total_seconds()
+    assert took < 10 and f'<span class="durable-duration">{took:.1f} s</span>' in html
+    assert html.count('<span class="durable-duration">waiting for</span>') == 2
+    # Version and namespace under the workflow.
+    assert '<div class="durable-meta"><span>version 1</span> · <span>default</span></div>' in html
+
+
+def test_the_page_of_a_run_with_an_unusual_id(admin_client):
+    run_id = default_engine.start("tests.plain", {}, run_id="order/42_x").run_id
+    response = admin_client.get(change_url(run_id))
+    assert response.status_code == 200
+    assert f'action="{button_url(run_id, "cancel")}"' in response.content.decode()
+    response = admin_client.post(button_url(run_id, "cancel"), follow=True)
+    assert messages_of(response) == ["Cancelled 1 run."]
+    assert default_engine.get_run(run_id).status == RunStatus.CANCELLED
+
+
+# the Cancel and Retry buttons of a run's page ------------------------------------------
+
+
+def buttons_of(response) -> list[str]:
+    return re.findall(r'<button type="submit" class="durable-(\w+)">', response.content.decode())
+
+
+def test_a_run_page_offers_cancel_while_active_and_retry_once_failed(
+    admin_client, failing_workflow
+):
+    active = start_echo()
+    failed = failed_run("tenant:other")
+    done = default_engine.start("tests.plain", {}).run_id
+    run_until_idle()
+    active = start_echo()
+    assert buttons_of(admin_client.get(change_url(active))) == ["cancel"]
+    assert buttons_of(admin_client.get(change_url(failed))) == ["retry"]
+    assert buttons_of(admin_client.get(change_url(done))) == []
+    html = admin_client.get(change_url(active)).content.decode()
+    form = html[html.index(f'<form method="post" action="{button_url(active, "cancel")}">') :]
+    assert 'name="csrfmiddlewaretoken"' in form[: form.index("</form>")]
+
+
+def test_the_cancel_button_cancels_through_the_engine(admin_client):
+    run_id = start_echo()
+    response = admin_client.post(button_url(run_id, "cancel"), follow=True)
+    assert response.redirect_chain == [(change_url(run_id), 302)]
+    assert messages_of(response) == ["Cancelled 1 run."]
+    assert default_engine.get_run(run_id).status == RunStatus.CANCELLED
+    assert LogEntry.objects.get(object_id=run_id).change_message == "Cancelled."
+    assert buttons_of(response) == []
+    # Again: refused, and said why.
+    response = admin_client.post(button_url(run_id, "cancel"), follow=True)
+    assert messages_of(response) == [f"{run_id}: already cancelled"]
+
+
+def test_the_retry_button_retries_under_the_quota(admin_client, failing_workflow):
+    run_id = failed_run("tenant:busy")
+    for _ in range(3):
+        start_echo("tenant:busy")
+    response = admin_client.post(button_url(run_id, "retry"), follow=True)
+    assert messages_of(response) == [
+        f"{run_id}: refused by the quota: key tenant:busy has 3 active run(s), limit 3"
+    ]
+    assert default_engine.get_run(run_id).status == RunStatus.FAILED
+
+    response = admin_client.post(button_url(failed_run("tenant:free"), "retry"), follow=True)
+    assert messages_of(response) == ["Retried 1 run: it is pending again as a new attempt."]
+    assert buttons_of(response) == ["cancel"]
+
+
+def test_the_buttons_take_a_post_with_csrf_and_the_change_permission(db, staff_client):
+    run_id = start_echo()
+    grant(staff_client.user, "view_run")
+    assert buttons_of(staff_client.get(change_url(run_id))) == []
+    assert staff_client.post(button_url(run_id, "cancel")).status_code == 403
+    assert default_engine.get_run(run_id).status == RunStatus.PENDING
+
+    grant(staff_client.user, "change_run")
+    assert buttons_of(staff_client.get(change_url(run_id))) == ["cancel"]
+    assert staff_client.get(button_url(run_id, "cancel")).status_code == 405
+    csrf_checked = Client(enforce_csrf_checks=True)
+    csrf_checked.force_login(staff_client.user)
+    assert csrf_checked.post(button_url(run_id, "cancel")).status_code == 403
+    assert default_engine.get_run(run_id).status == RunStatus.PENDING
+    assert staff_client.post(button_url("no-such-run", "cancel")).status_code == 404
+
+    assert staff_client.post(button_url(run_id, "cancel")).status_code == 302
+    assert default_engine.get_run(run_id).status == RunStatus.CANCELLED
 
 
 # actions -------------------------------------------------------------------------------
@@ -352,3 +480,4 @@ def test_the_quota_page_with_nothing_active(admin_client):
     response = admin_client.get(reverse(QUOTAS))
     assert response.status_code == 200
     assert "No quota key holds active runs." in response.content.decode()
+
