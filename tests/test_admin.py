@@ -448,6 +448,8 @@ def test_the_quota_page_shows_a_full_bar_for_a_key_at_its_limit(admin_client):
         "tag": "concurrency:tenant:acme",
         "active": 3,
         "limit": 3,
+        "limit_computed": False,
+        "limit_error": None,
         "full": True,
         "percent": 100,
         "workflows": ("tests.echo",),
@@ -480,4 +482,42 @@ def test_the_quota_page_with_nothing_active(admin_client):
     response = admin_client.get(reverse(QUOTAS))
     assert response.status_code == 200
     assert "No quota key holds active runs." in response.content.decode()
+
+
+def test_the_quota_page_for_an_idle_key_shows_its_declared_limit(admin_client):
+    run_id = start_echo("tenant:quiet")
+    default_engine.cancel(run_id)
+    response = admin_client.get(reverse(QUOTAS), {"key": "tenant:quiet"})
+    (row,) = response.context["rows"]
+    assert (row["active"], row["limit"], row["workflows"]) == (0, 3, ("tests.echo",))
+    assert "0 / 3" in response.content.decode()
+
+
+def test_the_quota_page_shows_a_limit_computed_per_key_or_its_failure(admin_client):
+    from durable_django import Concurrency
+
+    plans = {"tenant:acme": 2, "tenant:globex": 5}
+    definition = default_engine.register(
+        "tests.planned",
+        "1",
+        lambda ctx, input: None,
+        concurrency=Concurrency(key=lambda input: input["key"], limit=lambda key: plans[key]),
+    )
+    try:
+        default_engine.start("tests.planned", {"key": "tenant:acme"})
+        default_engine.start("tests.planned", {"key": "tenant:globex"})
+        del plans["tenant:globex"]  # the tenant left: its limit function now raises
+        response = admin_client.get(reverse(QUOTAS))
+    finally:
+        default_engine.registry.remove(definition.name)
+    assert response.status_code == 200
+    rows = {row["key"]: row for row in response.context["rows"]}
+    assert (rows["tenant:acme"]["limit"], rows["tenant:acme"]["limit_computed"]) == (2, True)
+    assert (rows["tenant:globex"]["limit"], rows["tenant:globex"]["limit_error"]) == (
+        None,
+        "KeyError: 'tenant:globex'",
+    )
+    html = response.content.decode()
+    assert '1 / 2</span>\n              <span class="durable-limit-note">computed per key' in html
+    assert "limit function failed: KeyError: &#x27;tenant:globex&#x27;" in html
 

@@ -533,6 +533,8 @@ def quota_row(usage: Any, changelist_url: str) -> dict[str, Any]:
         "tag": usage.tag,
         "active": usage.active,
         "limit": limit,
+        "limit_computed": usage.limit_computed,
+        "limit_error": usage.limit_error,
         "full": usage.full,
         "percent": percent,
         "workflows": usage.workflows,
