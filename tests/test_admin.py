@@ -521,3 +521,57 @@ def test_the_quota_page_shows_a_limit_computed_per_key_or_its_failure(admin_clie
     assert '1 / 2</span>\n              <span class="durable-limit-note">computed per key' in html
     assert "limit function failed: KeyError: &#x27;tenant:globex&#x27;" in html
 
+
+# tracebacks ----------------------------------------------------------------------------
+
+RECORDED_ELSEWHERE = """\
+Traceback (most recent call last):
+  File "/srv/venv/lib/python3.13/site-packages/durable_django/execution.py", line 226, in step
+    value = _outside_body(fn, *args, **kwargs)
+            ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  File "/srv/venv/lib/python3.13/site-packages/durable_django/execution.py", line 401, in call
+    return fn(*args, **kwargs)
+  File "/home/runner/work/durable_django/durable_django/tests/billing.py", line 12, in charge
+    raise KeyError(card)
+KeyError: 'card'
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "C:\\app\\Lib\\durable_django\\engines.py", line 5, in execute
+    run()
+  File "/srv/app/billing/workflows.py", line 30, in run
+    ctx.step("charge", charge)
+RuntimeError: payment failed
+"""
+
+
+def test_library_frames_are_folded_wherever_the_traceback_was_recorded():
+    from durable_django.admin.tracebacks import sections, traceback_block
+
+    found = [(s.library, s.frames, s.lines[0]) for s in sections(RECORDED_ELSEWHERE)]
+    assert found == [
+        (False, 0, "Traceback (most recent call last):"),
+        (
+            True,
+            2,
+            '  File "/srv/venv/lib/python3.13/site-packages/durable_django/execution.py"'
+            ", line 226, in step",
+        ),
+        # A project checked out in a durable_django directory is the user's code.
+        (
+            False,
+            1,
+            '  File "/home/runner/work/durable_django/durable_django/tests/billing.py"'
+            ", line 12, in charge",
+        ),
+        (True, 1, '  File "C:\\app\\Lib\\durable_django\\engines.py", line 5, in execute'),
+        (False, 1, '  File "/srv/app/billing/workflows.py", line 30, in run'),
+    ]
+    assert "\n".join(line for s in sections(RECORDED_ELSEWHERE) for line in s.lines) == (
+        RECORDED_ELSEWHERE.rstrip("\n")
+    )
+    html = traceback_block(RECORDED_ELSEWHERE)
+    assert html.count("<summary>2 frames of durable_django hidden</summary>") == 1
+    assert html.count("<summary>1 frame of durable_django hidden</summary>") == 1
+    assert "KeyError: &#x27;card&#x27;\n\nThe above exception was the direct cause" in html
