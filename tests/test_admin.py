@@ -319,6 +319,30 @@ def test_the_retry_button_retries_under_the_quota(admin_client, failing_workflow
     assert buttons_of(response) == ["cancel"]
 
 
+def test_a_retry_whose_limit_function_fails_says_so(admin_client, failing_workflow):
+    from durable_django import Concurrency
+
+    run_id = failed_run("tenant:gone")
+    definition = default_engine.register(
+        "tests.boom",
+        "2",
+        lambda ctx, input: None,
+        concurrency=Concurrency(key=lambda input: input["key"], limit={}.__getitem__),
+    )
+    try:
+        Run.objects.filter(pk=run_id).update(version="0")  # a version no longer registered
+        response = admin_client.post(button_url(run_id, "retry"), follow=True)
+        also = post_action(admin_client, "retry_runs", [run_id])
+    finally:
+        default_engine.registry.remove(definition.name)
+    why = (
+        f"{run_id}: workflow 'tests.boom': the concurrency limit function raised KeyError "
+        "for key 'tenant:gone': 'tenant:gone'"
+    )
+    assert messages_of(response) == messages_of(also) == [why]
+    assert default_engine.get_run(run_id).status == RunStatus.FAILED
+
+
 def test_the_buttons_take_a_post_with_csrf_and_the_change_permission(db, staff_client):
     run_id = start_echo()
     grant(staff_client.user, "view_run")

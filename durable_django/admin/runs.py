@@ -349,7 +349,9 @@ class RunAdmin(admin.ModelAdmin):
             default_engine.retry(run.pk)
         except ConcurrencyLimitError as error:
             return refusal_text(error)
-        except DurableError as error:
+        except (DurableError, LookupError, TypeError, ValueError) as error:
+            # Not retried, and said why: the run changed meanwhile, its workflow is no
+            # longer registered, or its quota's key or limit function failed.
             return str(error)
         self.log_change(request, run, f"Retried as attempt {run.attempt + 1}.")
         return None
