@@ -15,6 +15,7 @@ from django.urls import reverse
 
 from durable_django import RunStatus
 from durable_django import engine as default_engine
+from durable_django.admin.display import duration_text
 from durable_django.models import Run
 from durable_django.testing import run_until_idle
 
@@ -251,11 +252,15 @@ def test_the_run_list_shows_short_ids_times_to_the_second_and_durations(admin_cl
     assert not re.search(r"\d\d:\d\d:\d\d\.\d", re.sub(r'(title|datetime)="[^"]*"', "", html))
     # Duration: how long a finished run took; for how long an active one has been going.
     run = Run.objects.get(pk=done)
-    took = (run.finished_at - run.created_at).total_seconds()
-    assert took < 10 and f'<span class="durable-duration">{took:.1f} s</span>' in html
+    took = duration_text((run.finished_at - run.created_at).total_seconds())
+    assert re.fullmatch(r"\d+ ms|\d\.\d s", took)
+    assert f'<span class="durable-duration">{took}</span>' in html
     assert html.count('<span class="durable-duration">waiting for</span>') == 2
     # Version and namespace under the workflow.
-    assert '<div class="durable-meta"><span>version 1</span> · <span>default</span></div>' in html
+    assert (
+        '<div class="durable-meta" title="version 1, namespace default"><span>v1</span> · '
+        "<span>default</span></div>" in html
+    )
 
 
 def test_the_page_of_a_run_with_an_unusual_id(admin_client):
@@ -266,6 +271,22 @@ def test_the_page_of_a_run_with_an_unusual_id(admin_client):
     response = admin_client.post(button_url(run_id, "cancel"), follow=True)
     assert messages_of(response) == ["Cancelled 1 run."]
     assert default_engine.get_run(run_id).status == RunStatus.CANCELLED
+
+
+@pytest.mark.parametrize(
+    "seconds, shown",
+    [
+        (0, "0 ms"),
+        (0.0384, "38 ms"),
+        (1.44, "1.4 s"),
+        (12.9, "12 s"),
+        (192, "3 min 12 s"),
+        (7500, "2 h 5 min"),
+        (3 * 86400 + 4 * 3600 + 59, "3 d 4 h"),
+    ],
+)
+def test_durations_for_people(seconds, shown):
+    assert duration_text(seconds) == shown
 
 
 # the Cancel and Retry buttons of a run's page ------------------------------------------

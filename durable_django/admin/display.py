@@ -120,7 +120,9 @@ def short_id(run_id: str) -> str:
 
 
 def duration_text(seconds: float) -> str:
-    """``0.4 s``, ``12 s``, ``3 min 12 s``, ``2 h 5 min``, ``3 d 4 h``."""
+    """``38 ms``, ``1.4 s``, ``12 s``, ``3 min 12 s``, ``2 h 5 min``, ``3 d 4 h``."""
+    if seconds < 1:
+        return f"{int(seconds * 1000)} ms"
     if seconds < 10:
         return f"{seconds:.1f} s"
     whole = int(seconds)

@@ -223,9 +223,11 @@ class RunAdmin(admin.ModelAdmin):
     @admin.display(description=_("workflow"), ordering="workflow")
     def workflow_column(self, run: Run) -> str:
         return format_html(
-            '{}<div class="durable-meta"><span>{}</span> · <span>{}</span></div>',
+            '{}<div class="durable-meta" title="{}"><span>v{}</span> · <span>{}</span></div>',
             run.workflow,
-            _("version %(version)s") % {"version": run.version},
+            _("version %(version)s, namespace %(namespace)s")
+            % {"version": run.version, "namespace": run.namespace},
+            run.version,
             run.namespace,
         )
 
