@@ -7,7 +7,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .concurrency import DEFAULT_CONCURRENCY_STATUSES, TAG_PREFIX, limit_for, quota_tag
+from .concurrency import (
+    DEFAULT_CONCURRENCY_STATUSES,
+    TAG_PREFIX,
+    Concurrency,
+    limit_for,
+    quota_tag,
+)
 
 if TYPE_CHECKING:
     from .engines import Engine
@@ -100,7 +106,9 @@ def schedule_limits(engine: Engine) -> dict[str, list[int]]:
 
 def workflow_limit(engine: Engine, workflow: str, key: str) -> DeclaredLimit | None:
     """The limit ``workflow``'s latest version declares for ``key`` (its limit function,
-    sync or async, called with the key), or ``None`` when it declares no quota."""
+    sync or async, called with the key), or ``None`` when it declares no quota. A limit
+    function that fails is reported, unless the key is not one of the workflow's own
+    (see :func:`started_under`)."""
     try:
         concurrency = engine.registry.latest(workflow).concurrency
     except LookupError:
@@ -110,9 +118,26 @@ def workflow_limit(engine: Engine, workflow: str, key: str) -> DeclaredLimit | N
     try:
         limit = limit_for(concurrency, key, workflow)
     except Exception as error:  # the function's own error, whatever it is: shown, not raised
+        if not started_under(engine, workflow, concurrency, key):
+            return None  # a per-start quota's key: the function was never meant for it
         cause = error.__cause__ or error
         return DeclaredLimit(error=f"{type(cause).__qualname__}: {cause}")
     return DeclaredLimit(limit, computed=callable(concurrency.limit))
+
+
+def started_under(engine: Engine, workflow: str, concurrency: Concurrency, key: str) -> bool:
+    """Whether the key's latest run of ``workflow`` was started under the workflow's own
+    quota: its key function gives ``key`` for that run's input. A run started under a
+    per-start quota carries that quota's key instead."""
+    runs = engine.store.list_runs(
+        tag=quota_tag(key), workflow=workflow, namespace=engine.read_namespace, limit=1
+    )
+    if not runs:
+        return True
+    try:
+        return concurrency.key(runs[0].input) == key  # type: ignore[operator]
+    except Exception:  # the key function refuses this input: not started under it
+        return False
 
 
 def declared_limit(

@@ -204,3 +204,23 @@ def test_the_command_marks_computed_limits_and_names_failures(db):
             "limit_error": "KeyError: 'tenant:globex'",
         }
     ]
+
+
+def test_a_per_start_key_of_a_workflow_with_a_limit_function_shows_no_failure(engine: Engine):
+    plans = {"tenant:acme": 2}
+    engine.register(
+        "chat.turn",
+        "1",
+        echo,
+        concurrency={"key": lambda i: f"tenant:{i['tenant']}", "limit": lambda k: plans[k]},
+    )
+    # A campaign's turns under a quota of their own: the plan lookup is not for that key.
+    engine.start(
+        "chat.turn", {"tenant": "acme"}, concurrency={"key": "campaign:spring", "limit": 3}
+    )
+    engine.start("chat.turn", {"tenant": "acme"})
+    del plans["tenant:acme"]
+    usage = {u.key: u for u in engine.quota_usage()}
+    assert (usage["campaign:spring"].limit, usage["campaign:spring"].limit_error) == (None, None)
+    assert usage["tenant:acme"].limit_error == "KeyError: 'tenant:acme'"
+    assert usage_of(engine, "campaign:spring").limit_error is None
