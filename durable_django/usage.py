@@ -3,24 +3,40 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .concurrency import DEFAULT_CONCURRENCY_STATUSES, TAG_PREFIX, limit_for, quota_tag
+from .concurrency import (
+    DEFAULT_CONCURRENCY_STATUSES,
+    TAG_PREFIX,
+    Concurrency,
+    limit_for,
+    quota_tag,
+)
 
 if TYPE_CHECKING:
     from .engines import Engine
 
+#: How many of an idle key's latest runs are read to learn which workflows use the key.
+RECENT_RUNS = 50
+
 
 @dataclass(frozen=True, slots=True)
 class QuotaUsage:
-    """One quota key: its active runs, the workflows they belong to, and the limit the
-    workflows declare for it (``None`` when none of them declares one)."""
+    """One quota key: its active runs, the workflows they belong to, and the limit
+    declared for it (``None`` when nothing declares one, or its limit function failed).
+
+    ``limit_computed`` tells the limit came from a limit function called with this key;
+    ``limit_error`` holds what a failing limit function raised.
+    """
 
     key: str
     active: int
     limit: int | None
     workflows: tuple[str, ...]
+    limit_computed: bool = False
+    limit_error: str | None = None
 
     @property
     def tag(self) -> str:
@@ -31,6 +47,15 @@ class QuotaUsage:
     def full(self) -> bool:
         """Whether a start under the declared limit would be refused now."""
         return self.limit is not None and self.active >= self.limit
+
+
+@dataclass(frozen=True, slots=True)
+class DeclaredLimit:
+    """A limit declared for one key, or the error its limit function raised."""
+
+    limit: int | None = None
+    computed: bool = False
+    error: str | None = None
 
 
 def active_keys(store: Any, namespace: str | None) -> dict[str, dict[str, int]]:
@@ -46,38 +71,112 @@ def active_keys(store: Any, namespace: str | None) -> dict[str, dict[str, int]]:
     return {key: dict(by_workflow) for key, by_workflow in found.items()}
 
 
-def declared_limit(engine: Engine, workflows: tuple[str, ...], key: str) -> int | None:
-    """The smallest limit the workflows declare for ``key`` (their limit functions are
-    called), or ``None``. A run started with a per-start quota is not known here."""
-    limits = []
-    for name in workflows:
-        try:
-            concurrency = engine.registry.latest(name).concurrency
-        except LookupError:
+def recent_workflows(engine: Engine, key: str) -> tuple[str, ...]:
+    """The workflows of the key's latest :data:`RECENT_RUNS` runs, finished or not."""
+    runs = engine.store.list_runs(
+        tag=quota_tag(key), namespace=engine.read_namespace, limit=RECENT_RUNS
+    )
+    return tuple(sorted({run.workflow for run in runs}))
+
+
+def schedule_limits(engine: Engine) -> dict[str, list[int]]:
+    """``{key: [limits]}`` of the schedules with a quota of their own: those declared on
+    the registered workflows and, on a shared store, the rows of the schedule table (which
+    win over a declaration of the same schedule key, as the tick does)."""
+    by_schedule: dict[str, tuple[str, int | None]] = {}
+    for definition in engine.registry.all():
+        if definition is not engine.registry.latest(definition.name):
             continue
-        if concurrency is None:
-            continue
-        try:
-            limits.append(limit_for(concurrency, key, name))
-        except (TypeError, ValueError):
-            continue  # a limit function failing here fails the start too: nothing to show
-    return min(limits) if limits else None
+        for spec in definition.schedules:
+            if spec.concurrency and spec.concurrency.get("key"):
+                by_schedule[spec.key] = (spec.concurrency["key"], spec.concurrency.get("limit"))
+    if engine.store.is_shared:
+        from .models import Schedule
+
+        rows = Schedule.objects.exclude(concurrency_key="").values_list(
+            "key", "concurrency_key", "concurrency_limit"
+        )
+        by_schedule.update({key: (quota_key, limit) for key, quota_key, limit in rows})
+    limits: dict[str, list[int]] = defaultdict(list)
+    for quota_key, limit in by_schedule.values():
+        if limit is not None:
+            limits[quota_key].append(limit)
+    return limits
+
+
+def workflow_limit(engine: Engine, workflow: str, key: str) -> DeclaredLimit | None:
+    """The limit ``workflow``'s latest version declares for ``key`` (its limit function,
+    sync or async, called with the key), or ``None`` when it declares no quota. A limit
+    function that fails is reported, unless the key is not one of the workflow's own
+    (see :func:`started_under`)."""
+    try:
+        concurrency = engine.registry.latest(workflow).concurrency
+    except LookupError:
+        return None
+    if concurrency is None:
+        return None
+    try:
+        limit = limit_for(concurrency, key, workflow)
+    except Exception as error:  # the function's own error, whatever it is: shown, not raised
+        if not started_under(engine, workflow, concurrency, key):
+            return None  # a per-start quota's key: the function was never meant for it
+        cause = error.__cause__ or error
+        return DeclaredLimit(error=f"{type(cause).__qualname__}: {cause}")
+    return DeclaredLimit(limit, computed=callable(concurrency.limit))
+
+
+def started_under(engine: Engine, workflow: str, concurrency: Concurrency, key: str) -> bool:
+    """Whether the key's latest run of ``workflow`` was started under the workflow's own
+    quota: its key function gives ``key`` for that run's input. A run started under a
+    per-start quota carries that quota's key instead."""
+    runs = engine.store.list_runs(
+        tag=quota_tag(key), workflow=workflow, namespace=engine.read_namespace, limit=1
+    )
+    if not runs:
+        return True
+    try:
+        return concurrency.key(runs[0].input) == key  # type: ignore[operator]
+    except Exception:  # the key function refuses this input: not started under it
+        return False
+
+
+def declared_limit(
+    engine: Engine, workflows: Iterable[str], key: str, from_schedules: list[int]
+) -> DeclaredLimit:
+    """The smallest limit declared for ``key``. Schedules name their key literally, so
+    their limits win; otherwise the limits the workflows using the key declare."""
+    if from_schedules:
+        return DeclaredLimit(min(from_schedules))
+    declared = [found for name in workflows if (found := workflow_limit(engine, name, key))]
+    known = [found for found in declared if found.limit is not None]
+    error = next((found.error for found in declared if found.error is not None), None)
+    if not known:
+        return DeclaredLimit(error=error)
+    smallest = min(known, key=lambda found: found.limit)
+    return DeclaredLimit(smallest.limit, smallest.computed, error)
 
 
 def quota_usage(engine: Engine, key: str | None = None) -> list[QuotaUsage]:
-    """Every key with active runs (or just ``key``), busiest first."""
+    """Every key with active runs (or just ``key``, busy or not), busiest first.
+
+    An idle key's workflows are those of its latest runs, so its limit is known as long
+    as some of its runs are kept."""
     found = active_keys(engine.store, engine.read_namespace)
     if key is not None:
         found = {key: found.get(key, {})}
+    by_key = schedule_limits(engine)
     usage = []
     for name, by_workflow in found.items():
-        workflows = tuple(sorted(by_workflow))
+        workflows = tuple(sorted(by_workflow)) or recent_workflows(engine, name)
+        declared = declared_limit(engine, workflows, name, by_key.get(name, []))
         usage.append(
             QuotaUsage(
                 key=name,
                 active=sum(by_workflow.values()),
-                limit=declared_limit(engine, workflows, name),
+                limit=declared.limit,
                 workflows=workflows,
+                limit_computed=declared.computed,
+                limit_error=declared.error,
             )
         )
     return sorted(usage, key=lambda u: (-u.active, u.key))

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from durable_django import RunStatus
 from durable_django import engine as default_engine
+from durable_django.admin.display import duration_text
 from durable_django.models import Run
 from durable_django.testing import run_until_idle
 
@@ -19,7 +24,11 @@ QUOTAS = "admin:durable_django_run_quotas"
 
 
 def change_url(run_id: str) -> str:
-    return reverse("admin:durable_django_run_change", args=[run_id])
+    return reverse("admin:durable_django_run_change", args=[quote(run_id)])
+
+
+def button_url(run_id: str, operation: str) -> str:
+    return reverse(f"admin:durable_django_run_{operation}", args=[quote(run_id)])
 
 
 def start_echo(key: str = "tenant:acme", **input) -> str:
@@ -208,7 +217,171 @@ def test_the_change_page_of_a_failed_run_shows_the_error_readably(admin_client, 
     run_id = failed_run()
     html = admin_client.get(change_url(run_id)).content.decode()
     assert "<strong>builtins.RuntimeError</strong>: the reply service is down" in html
-    assert "Traceback (most recent call last)" in html
+    # The whole traceback, in a block that scrolls, durable_django's frames folded: the
+    # user's frame (the workflow body, in tests/conftest.py) is shown, not folded.
+    error = html[html.index('<div class="durable-traceback">') :]
+    error = error[: error.index("</div>")]
+    assert error.startswith('<div class="durable-traceback"><pre>Traceback (most recent call')
+    folded = re.findall(r'<details class="durable-library-frames"><summary>(.*?)</summary>', error)
+    assert folded and all(re.fullmatch(r"\d+ frames? of durable_django hidden", s) for s in folded)
+    shown = re.sub(r"<details.*?</details>", "", error, flags=re.S)
+    assert "conftest.py&quot;, line" in shown and "in boom" in shown
+    assert "durable_django/execution.py" not in shown
+    assert "RuntimeError: the reply service is down" in shown
+    # Times to the second, without microseconds.
+    run = Run.objects.get(pk=run_id)
+    assert (
+        f"<span>{run.finished_at:%Y-%m-%d}</span> <span>{run.finished_at:%H:%M:%S}</span>" in html
+    )
+
+
+def test_the_run_list_shows_short_ids_times_to_the_second_and_durations(admin_client):
+    done = default_engine.start("tests.plain", {"n": 1}).run_id
+    run_until_idle()
+    pending = start_echo()
+    retried = default_engine.start("tests.plain", {}, run_id="a-short-id").run_id
+    html = admin_client.get(reverse(CHANGELIST)).content.decode()
+
+    # Long ids cut to 8 characters, whole on hover and in the link; short ones whole.
+    assert f'<span class="durable-run-id" title="{pending}">{pending[:8]}…</span>' in html
+    assert f'href="{change_url(pending)}"' in html
+    assert f'<span class="durable-run-id" title="{retried}">{retried}</span>' in html
+    # Created to the second; no microseconds anywhere in the list.
+    created = Run.objects.get(pk=pending).created_at
+    assert f"<span>{created:%Y-%m-%d}</span> <span>{created:%H:%M:%S}</span>" in html
+    assert not re.search(r"\d\d:\d\d:\d\d\.\d", re.sub(r'(title|datetime)="[^"]*"', "", html))
+    # Duration: how long a finished run took; for how long an active one has been going.
+    run = Run.objects.get(pk=done)
+    took = duration_text((run.finished_at - run.created_at).total_seconds())
+    assert re.fullmatch(r"\d+ ms|\d\.\d s", took)
+    assert f'<span class="durable-duration">{took}</span>' in html
+    assert html.count('<span class="durable-duration">waiting for</span>') == 2
+    # Version and namespace under the workflow.
+    assert (
+        '<div class="durable-meta" title="version 1, namespace default"><span>v1</span> · '
+        "<span>default</span></div>" in html
+    )
+
+
+def test_the_page_of_a_run_with_an_unusual_id(admin_client):
+    run_id = default_engine.start("tests.plain", {}, run_id="order/42_x").run_id
+    response = admin_client.get(change_url(run_id))
+    assert response.status_code == 200
+    assert f'action="{button_url(run_id, "cancel")}"' in response.content.decode()
+    response = admin_client.post(button_url(run_id, "cancel"), follow=True)
+    assert messages_of(response) == ["Cancelled 1 run."]
+    assert default_engine.get_run(run_id).status == RunStatus.CANCELLED
+
+
+@pytest.mark.parametrize(
+    "seconds, shown",
+    [
+        (0, "0 ms"),
+        (0.0384, "38 ms"),
+        (1.44, "1.4 s"),
+        (12.9, "12 s"),
+        (192, "3 min 12 s"),
+        (7500, "2 h 5 min"),
+        (3 * 86400 + 4 * 3600 + 59, "3 d 4 h"),
+    ],
+)
+def test_durations_for_people(seconds, shown):
+    assert duration_text(seconds) == shown
+
+
+# the Cancel and Retry buttons of a run's page ------------------------------------------
+
+
+def buttons_of(response) -> list[str]:
+    return re.findall(r'<button type="submit" class="durable-(\w+)">', response.content.decode())
+
+
+def test_a_run_page_offers_cancel_while_active_and_retry_once_failed(
+    admin_client, failing_workflow
+):
+    active = start_echo()
+    failed = failed_run("tenant:other")
+    done = default_engine.start("tests.plain", {}).run_id
+    run_until_idle()
+    active = start_echo()
+    assert buttons_of(admin_client.get(change_url(active))) == ["cancel"]
+    assert buttons_of(admin_client.get(change_url(failed))) == ["retry"]
+    assert buttons_of(admin_client.get(change_url(done))) == []
+    html = admin_client.get(change_url(active)).content.decode()
+    form = html[html.index(f'<form method="post" action="{button_url(active, "cancel")}">') :]
+    assert 'name="csrfmiddlewaretoken"' in form[: form.index("</form>")]
+
+
+def test_the_cancel_button_cancels_through_the_engine(admin_client):
+    run_id = start_echo()
+    response = admin_client.post(button_url(run_id, "cancel"), follow=True)
+    assert response.redirect_chain == [(change_url(run_id), 302)]
+    assert messages_of(response) == ["Cancelled 1 run."]
+    assert default_engine.get_run(run_id).status == RunStatus.CANCELLED
+    assert LogEntry.objects.get(object_id=run_id).change_message == "Cancelled."
+    assert buttons_of(response) == []
+    # Again: refused, and said why.
+    response = admin_client.post(button_url(run_id, "cancel"), follow=True)
+    assert messages_of(response) == [f"{run_id}: already cancelled"]
+
+
+def test_the_retry_button_retries_under_the_quota(admin_client, failing_workflow):
+    run_id = failed_run("tenant:busy")
+    for _ in range(3):
+        start_echo("tenant:busy")
+    response = admin_client.post(button_url(run_id, "retry"), follow=True)
+    assert messages_of(response) == [
+        f"{run_id}: refused by the quota: key tenant:busy has 3 active run(s), limit 3"
+    ]
+    assert default_engine.get_run(run_id).status == RunStatus.FAILED
+
+    response = admin_client.post(button_url(failed_run("tenant:free"), "retry"), follow=True)
+    assert messages_of(response) == ["Retried 1 run: it is pending again as a new attempt."]
+    assert buttons_of(response) == ["cancel"]
+
+
+def test_a_retry_whose_limit_function_fails_says_so(admin_client, failing_workflow):
+    from durable_django import Concurrency
+
+    run_id = failed_run("tenant:gone")
+    definition = default_engine.register(
+        "tests.boom",
+        "2",
+        lambda ctx, input: None,
+        concurrency=Concurrency(key=lambda input: input["key"], limit={}.__getitem__),
+    )
+    try:
+        Run.objects.filter(pk=run_id).update(version="0")  # a version no longer registered
+        response = admin_client.post(button_url(run_id, "retry"), follow=True)
+        also = post_action(admin_client, "retry_runs", [run_id])
+    finally:
+        default_engine.registry.remove(definition.name)
+    why = (
+        f"{run_id}: workflow 'tests.boom': the concurrency limit function raised KeyError "
+        "for key 'tenant:gone': 'tenant:gone'"
+    )
+    assert messages_of(response) == messages_of(also) == [why]
+    assert default_engine.get_run(run_id).status == RunStatus.FAILED
+
+
+def test_the_buttons_take_a_post_with_csrf_and_the_change_permission(db, staff_client):
+    run_id = start_echo()
+    grant(staff_client.user, "view_run")
+    assert buttons_of(staff_client.get(change_url(run_id))) == []
+    assert staff_client.post(button_url(run_id, "cancel")).status_code == 403
+    assert default_engine.get_run(run_id).status == RunStatus.PENDING
+
+    grant(staff_client.user, "change_run")
+    assert buttons_of(staff_client.get(change_url(run_id))) == ["cancel"]
+    assert staff_client.get(button_url(run_id, "cancel")).status_code == 405
+    csrf_checked = Client(enforce_csrf_checks=True)
+    csrf_checked.force_login(staff_client.user)
+    assert csrf_checked.post(button_url(run_id, "cancel")).status_code == 403
+    assert default_engine.get_run(run_id).status == RunStatus.PENDING
+    assert staff_client.post(button_url("no-such-run", "cancel")).status_code == 404
+
+    assert staff_client.post(button_url(run_id, "cancel")).status_code == 302
+    assert default_engine.get_run(run_id).status == RunStatus.CANCELLED
 
 
 # actions -------------------------------------------------------------------------------
@@ -320,6 +493,8 @@ def test_the_quota_page_shows_a_full_bar_for_a_key_at_its_limit(admin_client):
         "tag": "concurrency:tenant:acme",
         "active": 3,
         "limit": 3,
+        "limit_computed": False,
+        "limit_error": None,
         "full": True,
         "percent": 100,
         "workflows": ("tests.echo",),
@@ -352,3 +527,96 @@ def test_the_quota_page_with_nothing_active(admin_client):
     response = admin_client.get(reverse(QUOTAS))
     assert response.status_code == 200
     assert "No quota key holds active runs." in response.content.decode()
+
+
+def test_the_quota_page_for_an_idle_key_shows_its_declared_limit(admin_client):
+    run_id = start_echo("tenant:quiet")
+    default_engine.cancel(run_id)
+    response = admin_client.get(reverse(QUOTAS), {"key": "tenant:quiet"})
+    (row,) = response.context["rows"]
+    assert (row["active"], row["limit"], row["workflows"]) == (0, 3, ("tests.echo",))
+    assert "0 / 3" in response.content.decode()
+
+
+def test_the_quota_page_shows_a_limit_computed_per_key_or_its_failure(admin_client):
+    from durable_django import Concurrency
+
+    plans = {"tenant:acme": 2, "tenant:globex": 5}
+    definition = default_engine.register(
+        "tests.planned",
+        "1",
+        lambda ctx, input: None,
+        concurrency=Concurrency(key=lambda input: input["key"], limit=lambda key: plans[key]),
+    )
+    try:
+        default_engine.start("tests.planned", {"key": "tenant:acme"})
+        default_engine.start("tests.planned", {"key": "tenant:globex"})
+        del plans["tenant:globex"]  # the tenant left: its limit function now raises
+        response = admin_client.get(reverse(QUOTAS))
+    finally:
+        default_engine.registry.remove(definition.name)
+    assert response.status_code == 200
+    rows = {row["key"]: row for row in response.context["rows"]}
+    assert (rows["tenant:acme"]["limit"], rows["tenant:acme"]["limit_computed"]) == (2, True)
+    assert (rows["tenant:globex"]["limit"], rows["tenant:globex"]["limit_error"]) == (
+        None,
+        "KeyError: 'tenant:globex'",
+    )
+    html = response.content.decode()
+    assert '1 / 2</span>\n              <span class="durable-limit-note">computed per key' in html
+    assert "limit function failed: KeyError: &#x27;tenant:globex&#x27;" in html
+
+
+# tracebacks ----------------------------------------------------------------------------
+
+RECORDED_ELSEWHERE = """\
+Traceback (most recent call last):
+  File "/srv/venv/lib/python3.13/site-packages/durable_django/execution.py", line 226, in step
+    value = _outside_body(fn, *args, **kwargs)
+            ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  File "/srv/venv/lib/python3.13/site-packages/durable_django/execution.py", line 401, in call
+    return fn(*args, **kwargs)
+  File "/home/runner/work/durable_django/durable_django/tests/billing.py", line 12, in charge
+    raise KeyError(card)
+KeyError: 'card'
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "C:\\app\\Lib\\durable_django\\engines.py", line 5, in execute
+    run()
+  File "/srv/app/billing/workflows.py", line 30, in run
+    ctx.step("charge", charge)
+RuntimeError: payment failed
+"""
+
+
+def test_library_frames_are_folded_wherever_the_traceback_was_recorded():
+    from durable_django.admin.tracebacks import sections, traceback_block
+
+    found = [(s.library, s.frames, s.lines[0]) for s in sections(RECORDED_ELSEWHERE)]
+    assert found == [
+        (False, 0, "Traceback (most recent call last):"),
+        (
+            True,
+            2,
+            '  File "/srv/venv/lib/python3.13/site-packages/durable_django/execution.py"'
+            ", line 226, in step",
+        ),
+        # A project checked out in a durable_django directory is the user's code.
+        (
+            False,
+            1,
+            '  File "/home/runner/work/durable_django/durable_django/tests/billing.py"'
+            ", line 12, in charge",
+        ),
+        (True, 1, '  File "C:\\app\\Lib\\durable_django\\engines.py", line 5, in execute'),
+        (False, 1, '  File "/srv/app/billing/workflows.py", line 30, in run'),
+    ]
+    assert "\n".join(line for s in sections(RECORDED_ELSEWHERE) for line in s.lines) == (
+        RECORDED_ELSEWHERE.rstrip("\n")
+    )
+    html = traceback_block(RECORDED_ELSEWHERE)
+    assert html.count("<summary>2 frames of durable_django hidden</summary>") == 1
+    assert html.count("<summary>1 frame of durable_django hidden</summary>") == 1
+    assert "KeyError: &#x27;card&#x27;\n\nThe above exception was the direct cause" in html

@@ -307,6 +307,8 @@ def test_quota_usage_for_people_and_scripts(db):
             "limit": 3,
             "full": True,
             "workflows": ["tests.echo"],
+            "limit_computed": False,
+            "limit_error": None,
         }
     ]
 
@@ -321,6 +323,8 @@ def test_quota_with_nothing_active(db):
             "limit": None,
             "full": False,
             "workflows": [],
+            "limit_computed": False,
+            "limit_error": None,
         }
     ]
 

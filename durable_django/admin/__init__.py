@@ -1,5 +1,5 @@
-"""The admin: runs, read-only, with *cancel* and *retry* actions and the quota page; and
-schedules, with their last error and next due time.
+"""The admin: runs, read-only, with *cancel* and *retry* actions (and buttons on a run's
+page) and the quota page; and schedules, with their last error and next due time.
 
 Django loads this package only when ``django.contrib.admin`` is installed (admin
 autodiscovery). Everything here reads the ORM store's tables; every change of a run's

@@ -3,20 +3,27 @@ reports, read-only inlines."""
 
 from __future__ import annotations
 
+import datetime
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.contrib import admin, messages
 from django.http import HttpRequest
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..status import RunStatus
+from .tracebacks import traceback_block
 
 #: How many refused objects a message names before it says "and N more".
 NAMED_IN_MESSAGES = 10
+
+#: Run ids longer than this are shown cut to :data:`SHORT_ID_LENGTH` characters in lists.
+SHORT_IDS_UP_TO = 12
+SHORT_ID_LENGTH = 8
 
 #: Badge colours per run status (background); the text is white.
 STATUS_COLOURS = {
@@ -41,18 +48,28 @@ def json_block(value: Any) -> str:
     return format_html('<pre class="durable-json">{}</pre>', text)
 
 
-def error_block(error: Any) -> str:
-    """A recorded error: its type and message on top, its traceback as text, the rest
-    as JSON."""
+def error_block(error: Any, folded: bool = False) -> str:
+    """A recorded error: its type and message on top, its whole traceback in a scrollable
+    block (durable_django's own frames folded), the rest as JSON; ``folded`` puts all but
+    the type and message in a closed ``<details>``."""
     if not isinstance(error, dict):
         return json_block(error)
     rest = {k: v for k, v in error.items() if k not in ("type", "message", "traceback")}
-    parts = [format_html("<strong>{}</strong>: {}", error.get("type", "?"), error.get("message"))]
+    summary = format_html("<strong>{}</strong>: {}", error.get("type", "?"), error.get("message"))
+    details = []
     if error.get("traceback"):
-        parts.append(format_html('<pre class="durable-json">{}</pre>', error["traceback"]))
+        details.append(traceback_block(error["traceback"]))
     if rest:
-        parts.append(json_block(rest))
-    return format_html_join("", "<div>{}</div>", ((part,) for part in parts))
+        details.append(json_block(rest))
+    if folded and details:
+        details = [
+            format_html(
+                '<details class="durable-error-details"><summary>{}</summary>{}</details>',
+                _("traceback") if error.get("traceback") else _("details"),
+                format_html_join("", "{}", ((part,) for part in details)),
+            )
+        ]
+    return format_html_join("", "<div>{}</div>", ((part,) for part in [summary, *details]))
 
 
 def status_badge(status: str) -> str:
@@ -64,6 +81,61 @@ def status_badge(status: str) -> str:
         STATUS_COLOURS.get(status, "#6c757d"),
         RunStatus(status).label if status in RunStatus.values else status,
     )
+
+
+def timestamp(value: datetime.datetime | None) -> str:
+    """A time to the second in the current time zone (``2026-11-30 15:38:39``), never cut
+    inside the date or the time; the exact value on hover; ``-`` for ``None``."""
+    if value is None:
+        return "-"
+    exact = value.isoformat()
+    if timezone.is_aware(value):
+        value = timezone.localtime(value)
+    return format_html(
+        '<time class="durable-time" datetime="{}" title="{}">'
+        "<span>{}</span> <span>{}</span></time>",
+        exact,
+        exact,
+        value.strftime("%Y-%m-%d"),
+        value.strftime("%H:%M:%S"),
+    )
+
+
+def timestamp_field(name: str, description: str) -> Callable[[Any, Any], str]:
+    """A read-only column or field of a model admin showing the object's ``name`` time
+    with :func:`timestamp`, sortable by it."""
+
+    @admin.display(description=description, ordering=name)
+    def show(modeladmin: Any, obj: Any) -> str:
+        return timestamp(getattr(obj, name))
+
+    return show
+
+
+def short_id(run_id: str) -> str:
+    """A run id cut to :data:`SHORT_ID_LENGTH` characters and an ellipsis when longer than
+    :data:`SHORT_IDS_UP_TO`, with the whole id on hover."""
+    shown = run_id if len(run_id) <= SHORT_IDS_UP_TO else run_id[:SHORT_ID_LENGTH] + "…"
+    return format_html('<span class="durable-run-id" title="{}">{}</span>', run_id, shown)
+
+
+def duration_text(seconds: float) -> str:
+    """``38 ms``, ``1.4 s``, ``12 s``, ``3 min 12 s``, ``2 h 5 min``, ``3 d 4 h``."""
+    if seconds < 1:
+        return f"{int(seconds * 1000)} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = int(seconds)
+    minutes, secs = divmod(whole, 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    if minutes:
+        return f"{minutes} min {secs} s"
+    return f"{secs} s"
 
 
 def named(items: list[str]) -> str:

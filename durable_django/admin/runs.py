@@ -1,20 +1,26 @@
-"""The run admin: read-only runs with *cancel* and *retry* actions, and the quota page."""
+"""The run admin: read-only runs with *cancel* and *retry* actions (and buttons on a run's
+page), and the quota page."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
+from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Exists, OuterRef, Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils.html import format_html
+from django.utils import timezone
+from django.utils.html import conditional_escape, format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
+from django.views.decorators.http import require_POST
 
 from ..concurrency import DEFAULT_CONCURRENCY_STATUSES, TAG_PREFIX, quota_tag
 from ..engines import default_engine
@@ -23,12 +29,18 @@ from ..models import Run, RunTag, Step
 from ..status import ACTIVE_STATUSES, RunStatus
 from .display import (
     ReadOnlyInline,
+    duration_text,
     error_block,
     json_block,
     named,
     report,
+    short_id,
     status_badge,
+    timestamp_field,
 )
+
+#: What cancelling or retrying one run answers: ``None`` when done, else why not.
+Operation = Callable[[HttpRequest, Run], "str | None"]
 
 
 class RunTagInline(ReadOnlyInline):
@@ -36,6 +48,7 @@ class RunTagInline(ReadOnlyInline):
     fields = ["tag", "quota_key"]
     readonly_fields = ["tag", "quota_key"]
     verbose_name_plural = _("tags")
+    classes = ["durable-inline"]
 
     @admin.display(description=_("quota key"))
     def quota_key(self, row: RunTag) -> str:
@@ -44,18 +57,21 @@ class RunTagInline(ReadOnlyInline):
 
 class StepInline(ReadOnlyInline):
     model = Step
-    fields = ["position", "name", "result_display", "error_display", "created_at"]
+    fields = ["position", "name", "outcome_display", "recorded_display"]
     readonly_fields = fields
     ordering = ["position"]
     verbose_name_plural = _("recorded steps")
+    classes = ["durable-inline", "durable-steps"]
 
-    @admin.display(description=_("result"))
-    def result_display(self, step: Step) -> str:
-        return json_block(step.result) if step.error is None else "-"
+    recorded_display = timestamp_field("created_at", _("recorded"))
 
-    @admin.display(description=_("error"))
-    def error_display(self, step: Step) -> str:
-        return error_block(step.error) if step.error is not None else "-"
+    @admin.display(description=_("outcome"))
+    def outcome_display(self, step: Step) -> str:
+        """The result as JSON, or the error: its type and message, the rest folded (the
+        run's own error, above, shows the traceback of the step that failed it)."""
+        if step.error is not None:
+            return error_block(step.error, folded=True)
+        return json_block(step.result)
 
 
 class WorkflowFilter(admin.SimpleListFilter):
@@ -100,15 +116,14 @@ class RunAdmin(admin.ModelAdmin):
     deleted (housekeeping), active ones never (cancel them first). The quota page hangs
     off the changelist."""
 
+    # Narrow enough for a 1,280 px window beside the admin's navigation and the filters:
+    # short ids, version and namespace under the workflow, the attempt under the status.
     list_display = [
-        "id",
-        "workflow",
-        "version",
-        "status_display",
-        "namespace",
-        "attempt",
-        "created_at",
-        "finished_at",
+        "run_column",
+        "workflow_column",
+        "status_column",
+        "created_display",
+        "duration_display",
         "tags_display",
     ]
     list_filter = ["status", WorkflowFilter, "namespace", TagFilter]
@@ -124,6 +139,7 @@ class RunAdmin(admin.ModelAdmin):
     actions = ["cancel_runs", "retry_runs", "delete_selected"]
     inlines = [RunTagInline, StepInline]
     change_list_template = "durable_django/admin/run_change_list.html"
+    change_form_template = "durable_django/admin/run_change_form.html"
     quota_template = "durable_django/admin/quotas.html"
     fieldsets = [
         (
@@ -145,13 +161,33 @@ class RunAdmin(admin.ModelAdmin):
         (_("Data"), {"fields": ["input_display", "output_display", "error_display"]}),
         (
             _("Waiting"),
-            {"fields": ["wait_display", "wake_at", "blocked_reason"]},
+            {
+                "fields": ["wait_display", "wake_display", "blocked_reason"],
+                "description": _(
+                    "What a suspended run waits for; when a suspended or blocked run is due again."
+                ),
+            },
         ),
         (
             _("Times"),
-            {"fields": ["created_at", "started_at", "updated_at", "finished_at"]},
+            {
+                "fields": [
+                    "created_display",
+                    "started_display",
+                    "updated_display",
+                    "finished_display",
+                    "duration_display",
+                ],
+                "description": _("Started is when the latest turn of the run began."),
+            },
         ),
-        (_("Worker"), {"fields": ["lease_owner", "lease_expires_at"]}),
+        (
+            _("Worker"),
+            {
+                "fields": ["lease_owner", "lease_display"],
+                "description": _("A running run whose lease lapsed is handed on."),
+            },
+        ),
     ]
     # Everything shown is read-only: a run changes only through the engine.
     readonly_fields = [name for _, options in fieldsets for name in options["fields"]]
@@ -173,13 +209,66 @@ class RunAdmin(admin.ModelAdmin):
         tags = RunTag.objects.filter(run=OuterRef("pk"), tag__in=[term, quota_tag(term)])
         return queryset.filter(Q(pk=term) | Q(Exists(tags))), False
 
+    created_display = timestamp_field("created_at", _("created"))
+    started_display = timestamp_field("started_at", _("started"))
+    updated_display = timestamp_field("updated_at", _("updated"))
+    finished_display = timestamp_field("finished_at", _("finished"))
+    wake_display = timestamp_field("wake_at", _("wake at"))
+    lease_display = timestamp_field("lease_expires_at", _("lease expires at"))
+
+    @admin.display(description=_("run id"), ordering="id")
+    def run_column(self, run: Run) -> str:
+        return short_id(run.pk)
+
+    @admin.display(description=_("workflow"), ordering="workflow")
+    def workflow_column(self, run: Run) -> str:
+        return format_html(
+            '{}<div class="durable-meta" title="{}"><span>v{}</span> · <span>{}</span></div>',
+            run.workflow,
+            _("version %(version)s, namespace %(namespace)s")
+            % {"version": run.version, "namespace": run.namespace},
+            run.version,
+            run.namespace,
+        )
+
+    @admin.display(description=_("status"), ordering="status")
+    def status_column(self, run: Run) -> str:
+        if run.attempt == 1:
+            return status_badge(run.status)
+        return format_html(
+            '{}<div class="durable-meta">{}</div>',
+            status_badge(run.status),
+            _("attempt %(attempt)d") % {"attempt": run.attempt},
+        )
+
     @admin.display(description=_("status"), ordering="status")
     def status_display(self, run: Run) -> str:
         return status_badge(run.status)
 
+    @admin.display(description=_("duration"))
+    def duration_display(self, run: Run) -> str:
+        """From its creation to its end (queue time and waits included), or for how long
+        an active run has been going. Not from ``started_at``: that is when its latest
+        turn began."""
+        end = run.finished_at or timezone.now()
+        lasted = duration_text(max(0.0, (end - run.created_at).total_seconds()))
+        if run.finished_at is not None:
+            return format_html('<span class="durable-duration">{}</span>', lasted)
+        waiting = run.status == RunStatus.PENDING and run.started_at is None
+        return format_html(
+            '<span class="durable-duration">{}</span> <span class="durable-duration">{}</span>',
+            _("waiting for") if waiting else _("running for"),
+            lasted,
+        )
+
     @admin.display(description=_("tags"))
     def tags_display(self, run: Run) -> str:
-        return ", ".join(sorted(row.tag for row in run.tag_rows.all())) or "-"
+        tags = sorted(row.tag for row in run.tag_rows.all())
+        if not tags:
+            return "-"
+        return format_html_join(
+            " ", '<span class="durable-tag">{}</span>', ((breakable(t),) for t in tags)
+        )
 
     @admin.display(description=_("input"))
     def input_display(self, run: Run) -> str:
@@ -239,66 +328,113 @@ class RunAdmin(admin.ModelAdmin):
         opts = self.model._meta
         return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
 
-    # actions ----------------------------------------------------------------------------
+    # cancel and retry: the actions, and the buttons on a run's page ----------------------
+
+    def cancel_run(self, request: HttpRequest, run: Run) -> str | None:
+        """Cancel one run through the engine; ``None`` when done, else why not."""
+        if run.status not in ACTIVE_STATUSES:
+            return _("already %(status)s") % {"status": run.status}
+        try:
+            if not default_engine.cancel(run.pk):
+                return _("ended before it could be cancelled")
+        except DurableError as error:
+            return str(error)
+        self.log_change(request, run, "Cancelled.")
+        return None
+
+    def retry_run(self, request: HttpRequest, run: Run) -> str | None:
+        """Start one failed run again through the engine, under its quota; ``None`` when
+        done, else why not."""
+        if run.status != RunStatus.FAILED:
+            return _("only failed runs can be retried; it is %(status)s") % {"status": run.status}
+        try:
+            default_engine.retry(run.pk)
+        except ConcurrencyLimitError as error:
+            return refusal_text(error)
+        except (DurableError, LookupError, TypeError, ValueError) as error:
+            # Not retried, and said why: the run changed meanwhile, its workflow is no
+            # longer registered, or its quota's key or limit function failed.
+            return str(error)
+        self.log_change(request, run, f"Retried as attempt {run.attempt + 1}.")
+        return None
+
+    def operate(
+        self,
+        request: HttpRequest,
+        runs: Iterable[Run],
+        operation: Operation,
+        singular: str,
+        plural: str,
+    ) -> None:
+        """Apply ``operation`` to each run and tell the user what was done and refused."""
+        done, refusals = 0, []
+        for run in runs:
+            why = operation(request, run)
+            if why is None:
+                done += 1
+            else:
+                refusals.append((run.pk, why))
+        report(self, request, done, singular, plural, refusals)
 
     @admin.action(description=_("Cancel selected runs"), permissions=["operate"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         """Cancel each selected run through the engine; report the ones already ended."""
-        cancelled = 0
-        refusals = []
-        for run in queryset.only("pk", "workflow", "status"):
-            run_id, status = run.pk, run.status
-            if status not in ACTIVE_STATUSES:
-                refusals.append((run_id, _("already %(status)s") % {"status": status}))
-                continue
-            try:
-                if default_engine.cancel(run_id):
-                    cancelled += 1
-                    self.log_change(request, run, "Cancelled.")
-                else:
-                    refusals.append((run_id, _("ended before it could be cancelled")))
-            except DurableError as error:
-                refusals.append((run_id, str(error)))
-        report(
-            self,
-            request,
-            cancelled,
-            "Cancelled %(count)d run.",
-            "Cancelled %(count)d runs.",
-            refusals,
-        )
+        runs = queryset.only("pk", "workflow", "status")
+        self.operate(request, runs, self.cancel_run, *CANCELLED)
 
     @admin.action(description=_("Retry selected failed runs"), permissions=["operate"])
     def retry_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         """Start each selected failed run again through the engine, under its quota."""
-        retried = 0
-        refusals = []
-        for run in queryset.only("pk", "workflow", "status", "attempt"):
-            run_id, status = run.pk, run.status
-            if status != RunStatus.FAILED:
-                refusals.append(
-                    (
-                        run_id,
-                        _("only failed runs can be retried; it is %(status)s") % {"status": status},
-                    )
-                )
-                continue
-            try:
-                default_engine.retry(run_id)
-                retried += 1
-                self.log_change(request, run, f"Retried as attempt {run.attempt + 1}.")
-            except ConcurrencyLimitError as error:
-                refusals.append((run_id, refusal_text(error)))
-            except DurableError as error:
-                refusals.append((run_id, str(error)))
-        report(
-            self,
-            request,
-            retried,
-            "Retried %(count)d run: it is pending again as a new attempt.",
-            "Retried %(count)d runs: they are pending again as new attempts.",
-            refusals,
-        )
+        runs = queryset.only("pk", "workflow", "status", "attempt")
+        self.operate(request, runs, self.retry_run, *RETRIED)
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """*Cancel* on a run's page (POST)."""
+        return self.operate_view(request, object_id, self.cancel_run, CANCELLED)
+
+    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """*Retry* on a run's page (POST)."""
+        return self.operate_view(request, object_id, self.retry_run, RETRIED)
+
+    def operate_view(
+        self, request: HttpRequest, object_id: str, operation: Operation, texts: tuple[str, str]
+    ) -> HttpResponse:
+        """Apply ``operation`` to one run, with the actions' permission, then show its page
+        again with the outcome."""
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        run = self.get_object(request, unquote(object_id))
+        if run is None:
+            raise Http404(_("No run with the id %(id)s.") % {"id": unquote(object_id)})
+        self.operate(request, [run], operation, *texts)
+        return HttpResponseRedirect(self.run_url(run.pk, "change"))
+
+    def operations(self, request: HttpRequest, run: Run) -> list[dict[str, str]]:
+        """The buttons a run's page shows: *Cancel* for an active run, *Retry* for a failed
+        one, to users allowed to operate runs."""
+        if not self.has_operate_permission(request):
+            return []
+        shown = []
+        if run.status in ACTIVE_STATUSES:
+            shown.append({"name": "cancel", "label": _("Cancel run")})
+        if run.status == RunStatus.FAILED:
+            shown.append({"name": "retry", "label": _("Retry run")})
+        return [{**button, "url": self.run_url(run.pk, button["name"])} for button in shown]
+
+    def run_url(self, run_id: str, view: str) -> str:
+        return reverse(self._urlname(view), args=[quote(run_id)], current_app=self.admin_site.name)
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Run | None = None,
+    ) -> HttpResponse:
+        context["run_operations"] = self.operations(request, obj) if obj is not None else []
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     @admin.action(
         description=_("Delete selected finished %(verbose_name_plural)s"), permissions=["delete"]
@@ -326,11 +462,18 @@ class RunAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         opts = self.model._meta
+        name = f"{opts.app_label}_{opts.model_name}"
+        view = self.admin_site.admin_view
         return [
+            path("quotas/", view(self.quotas_view), name=f"{name}_quotas"),
+            # Before Django's own "<path:object_id>/" patterns, which would take them.
             path(
-                "quotas/",
-                self.admin_site.admin_view(self.quotas_view),
-                name=f"{opts.app_label}_{opts.model_name}_quotas",
+                "<path:object_id>/cancel/",
+                view(require_POST(self.cancel_view)),
+                name=f"{name}_cancel",
+            ),
+            path(
+                "<path:object_id>/retry/", view(require_POST(self.retry_view)), name=f"{name}_retry"
             ),
             *super().get_urls(),
         ]
@@ -357,6 +500,19 @@ class RunAdmin(admin.ModelAdmin):
         return TemplateResponse(request, self.quota_template, context)
 
 
+#: What :meth:`RunAdmin.operate` tells after cancelling or retrying (singular, plural).
+CANCELLED = ("Cancelled %(count)d run.", "Cancelled %(count)d runs.")
+RETRIED = (
+    "Retried %(count)d run: it is pending again as a new attempt.",
+    "Retried %(count)d runs: they are pending again as new attempts.",
+)
+
+
+def breakable(tag: str) -> str:
+    """A tag that may wrap after its colons (``concurrency:<wbr>tenant:<wbr>acme``)."""
+    return mark_safe(":<wbr>".join(conditional_escape(part) for part in tag.split(":")))
+
+
 def refusal_text(error: ConcurrencyLimitError) -> str:
     """A quota refusal, for people."""
     return _("refused by the quota: key %(key)s has %(active)d active run(s), limit %(limit)d") % {
@@ -381,6 +537,8 @@ def quota_row(usage: Any, changelist_url: str) -> dict[str, Any]:
         "tag": usage.tag,
         "active": usage.active,
         "limit": limit,
+        "limit_computed": usage.limit_computed,
+        "limit_error": usage.limit_error,
         "full": usage.full,
         "percent": percent,
         "workflows": usage.workflows,

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
+from ...usage import QuotaUsage
 from .base import Subcommand
 
 BAR_WIDTH = 10
@@ -14,8 +15,8 @@ BAR_WIDTH = 10
 class QuotaSubcommand(Subcommand):
     name = "quota"
     help = (
-        "Quota usage: every key holding active runs (or KEY): active runs, the limit its "
-        "workflows declare, and the workflows."
+        "Quota usage: every key holding active runs (or KEY): active runs, the limit "
+        "declared for it (by its workflows or a schedule), and the workflows."
     )
 
     @classmethod
@@ -34,6 +35,8 @@ class QuotaSubcommand(Subcommand):
                         "limit": u.limit,
                         "full": u.full,
                         "workflows": list(u.workflows),
+                        "limit_computed": u.limit_computed,
+                        "limit_error": u.limit_error,
                     }
                     for u in usage
                 ]
@@ -44,9 +47,35 @@ class QuotaSubcommand(Subcommand):
             return
         self.table(
             ["KEY", "ACTIVE", "LIMIT", "USE", "WORKFLOWS"],
-            ([u.key, u.active, u.limit, bar(u.active, u.limit), u.workflows] for u in usage),
+            ([u.key, u.active, limit_cell(u), bar(u.active, u.limit), u.workflows] for u in usage),
             right=[1, 2],
         )
+        notes = limit_notes(usage)
+        if notes:
+            self.write("")
+            for note in notes:
+                self.write(note)
+
+
+def limit_cell(usage: QuotaUsage) -> str | int | None:
+    """The LIMIT column: the limit, ``*`` marking one computed per key, ``!`` a limit
+    function that failed, nothing when no limit is declared."""
+    if usage.limit is not None:
+        return f"{usage.limit}*" if usage.limit_computed else usage.limit
+    return "!" if usage.limit_error is not None else None
+
+
+def limit_notes(usage: list[QuotaUsage]) -> list[str]:
+    """What the ``*`` and ``!`` of the LIMIT column mean, under the table."""
+    notes = []
+    if any(u.limit is not None and u.limit_computed for u in usage):
+        notes.append("* computed per key (the workflow's limit function, called with the key)")
+    notes.extend(
+        f"! {u.key}: limit function failed: {u.limit_error}"
+        for u in usage
+        if u.limit_error is not None
+    )
+    return notes
 
 
 def bar(active: int, limit: int | None) -> str:
