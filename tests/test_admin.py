@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from html import unescape
+
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -11,7 +15,7 @@ from django.urls import reverse
 
 from durable_django import RunStatus
 from durable_django import engine as default_engine
-from durable_django.models import Run
+from durable_django.models import Run, Schedule
 from durable_django.testing import run_until_idle
 
 CHANGELIST = "admin:durable_django_run_changelist"
@@ -209,6 +213,45 @@ def test_the_change_page_of_a_failed_run_shows_the_error_readably(admin_client, 
     html = admin_client.get(change_url(run_id)).content.decode()
     assert "<strong>builtins.RuntimeError</strong>: the reply service is down" in html
     assert "Traceback (most recent call last)" in html
+
+
+# links to runs --------------------------------------------------------------------------
+
+#: Ids the admin's URLs must quote: a slash (as in a child's default id) and its own escape.
+AWKWARD_IDS = ("export/acme_2F1", "export_2Facme/1")
+
+
+@pytest.mark.parametrize("parent_id", AWKWARD_IDS)
+def test_links_to_runs_with_awkward_ids_open_those_runs(admin_client, parent_id):
+    parent = default_engine.start("tests.plain", {}, run_id=parent_id)
+    # A decoy at the id a wrong unquoting would lead to.
+    default_engine.start("tests.plain", {}, run_id=parent_id.replace("_2F", "/"))
+    child_id = f"{parent_id}/2"
+    default_engine.start_child(default_engine.get_run(parent.run_id), "tests.plain", {}, child_id)
+
+    def opened(url: str) -> str:
+        response = admin_client.get(url)
+        assert response.status_code == 200, url
+        return response.context["original"].pk
+
+    def link_in(html: str, text: str) -> str:
+        [href] = re.findall(rf'<a href="([^"]+)">{re.escape(text)}</a>', html)
+        return unescape(href)
+
+    child_page = admin_client.get(change_url(child_id).replace(child_id, quote(child_id)))
+    assert child_page.context["original"].pk == child_id
+    assert opened(link_in(child_page.content.decode(), parent_id)) == parent_id
+
+    Schedule.objects.create(
+        key="s", workflow="tests.plain", interval_seconds=60, last_run_id=child_id
+    )
+    schedules = admin_client.get(reverse("admin:durable_django_schedule_changelist"))
+    assert opened(link_in(schedules.content.decode(), child_id)) == child_id
+
+    # The changelist's own links and its filter on a parent find the same runs.
+    listed = admin_client.get(reverse(CHANGELIST), {"parent_id": parent_id})
+    assert [run.pk for run in listed.context["cl"].result_list] == [child_id]
+    assert opened(link_in(listed.content.decode(), child_id)) == child_id
 
 
 # actions -------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
@@ -53,6 +55,12 @@ def error_block(error: Any) -> str:
     if rest:
         parts.append(json_block(rest))
     return format_html_join("", "<div>{}</div>", ((part,) for part in parts))
+
+
+def run_url(run_id: str, current_app: str = "admin") -> str:
+    """The admin page of the run ``run_id``, its id quoted as the admin's own links quote
+    a primary key (an id holding ``/`` or ``_2F`` links to that very run)."""
+    return reverse("admin:durable_django_run_change", args=[quote(run_id)], current_app=current_app)
 
 
 def status_badge(status: str) -> str:

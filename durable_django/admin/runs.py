@@ -27,6 +27,7 @@ from .display import (
     json_block,
     named,
     report,
+    run_url,
     status_badge,
 )
 
@@ -201,9 +202,7 @@ class RunAdmin(admin.ModelAdmin):
     def parent_link(self, run: Run) -> str:
         if not run.parent_id:
             return "-"
-        url = reverse(
-            self._urlname("change"), args=[run.parent_id], current_app=self.admin_site.name
-        )
+        url = run_url(run.parent_id, self.admin_site.name)
         return format_html('<a href="{}">{}</a>', url, run.parent_id)
 
     @admin.display(description=_("child runs"))
