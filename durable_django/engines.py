@@ -520,8 +520,9 @@ class Engine:
         """Delete the runs that finished before ``older_than`` (a ``timedelta`` ago, or a
         ``datetime``), with their tags and recorded steps, and the signals taken before
         it. ``statuses`` narrows the finished statuses purged (all three by default);
-        active runs are never purged. With ``SCOPE_READS``, only this engine's namespace.
-        Deletes ``batch_size`` runs per transaction."""
+        active runs are never purged, nor runs below an active run (a parent, grandparent,
+        ... still active may read their outcomes again). With ``SCOPE_READS``, only this
+        engine's namespace. Examines ``batch_size`` runs per transaction."""
         return purge(self, older_than, statuses, batch_size)
 
     # reading ------------------------------------------------------------------------

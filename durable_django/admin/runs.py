@@ -7,9 +7,10 @@ from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Exists, OuterRef, Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
@@ -21,6 +22,8 @@ from ..engines import default_engine
 from ..errors import ConcurrencyLimitError, DurableError
 from ..models import Run, RunTag, Step
 from ..status import ACTIVE_STATUSES, RunStatus
+from ..stores.orm import OrmStore
+from .deletion import below_active_messages, runs_below_active
 from .display import (
     ReadOnlyInline,
     error_block,
@@ -98,7 +101,8 @@ class TagFilter(admin.SimpleListFilter):
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
     """Runs, read-only. *Cancel* and *retry* go through the engine; finished runs may be
-    deleted (housekeeping), active ones never (cancel them first). The quota page hangs
+    deleted (housekeeping), active ones never (cancel them first), nor runs below an
+    active run (it may still read their outcomes). The quota page hangs
     off the changelist."""
 
     list_display = [
@@ -303,9 +307,12 @@ class RunAdmin(admin.ModelAdmin):
         description=_("Delete selected finished %(verbose_name_plural)s"), permissions=["delete"]
     )
     def delete_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> Any:
-        """Django's delete action, refused when a selected run is still active."""
+        """Django's delete action, refused when a selected run is still active, or below
+        an active run."""
+        refused = False
         active = list(queryset.filter(status__in=ACTIVE_STATUSES).values_list("pk", flat=True))
         if active:
+            refused = True
             self.message_user(
                 request,
                 ngettext(
@@ -318,8 +325,46 @@ class RunAdmin(admin.ModelAdmin):
                 % {"count": len(active), "names": named(active)},
                 messages.ERROR,
             )
-            return None
-        return django_delete_selected(self, request, queryset)
+        run_ids = queryset.exclude(pk__in=active).values_list("pk", flat=True)
+        for message in below_active_messages(runs_below_active(run_ids, queryset.db)):
+            refused = True
+            self.message_user(request, message, messages.ERROR)
+        return None if refused else django_delete_selected(self, request, queryset)
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Django's delete page, refused with the reason for a run below an active run."""
+        run_id = unquote(object_id)
+        if self.has_delete_permission(request):
+            below = runs_below_active([run_id], self.get_queryset(request).db)
+            if below:
+                for message in below_active_messages(below):
+                    self.message_user(request, message, messages.ERROR)
+                return HttpResponseRedirect(run_url(run_id, self.admin_site.name))
+        return super().delete_view(request, object_id, extra_context)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        """Delete through the store, which checks again, under locks, that each run and
+        its ancestry have finished."""
+        run_ids = list(queryset.values_list("pk", flat=True))
+        kept = sorted(set(run_ids) - set(OrmStore(using=queryset.db).delete_runs(run_ids)))
+        if kept:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d run was not deleted: it, or a run above it, became active "
+                    "meanwhile (%(names)s).",
+                    "%(count)d runs were not deleted: they, or runs above them, became "
+                    "active meanwhile (%(names)s).",
+                    len(kept),
+                )
+                % {"count": len(kept), "names": named(kept)},
+                messages.WARNING,
+            )
+
+    def delete_model(self, request: HttpRequest, obj: Run) -> None:
+        self.delete_queryset(request, Run.objects.using(obj._state.db).filter(pk=obj.pk))
 
     # the quota page ---------------------------------------------------------------------
 
