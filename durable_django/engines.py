@@ -494,7 +494,9 @@ class Engine:
         """Start one run of every workflow subscribed to ``name`` (``on_event=[...]``).
 
         A subscriber refused by its quota is skipped (and ``event_skipped`` sent); the
-        others still start. With ``id``, a re-publish of the same event starts nothing new.
+        others still start. The runs are created in one transaction: an unexpected error
+        creates and sends nothing. With ``id``, a re-publish of the same event starts
+        nothing new.
         """
         from .events import publish
 
