@@ -497,7 +497,9 @@ class Engine:
         """Start one run of every workflow subscribed to ``name`` (``on_event=[...]``).
 
         A subscriber refused by its quota is skipped (and ``event_skipped`` sent); the
-        others still start. With ``id``, a re-publish of the same event starts nothing new.
+        others still start. The runs are created in one transaction: an unexpected error
+        creates and sends nothing. With ``id``, a re-publish of the same event starts
+        nothing new.
         """
         from .events import publish
 
@@ -523,8 +525,9 @@ class Engine:
         """Delete the runs that finished before ``older_than`` (a ``timedelta`` ago, or a
         ``datetime``), with their tags and recorded steps, and the signals taken before
         it. ``statuses`` narrows the finished statuses purged (all three by default);
-        active runs are never purged. With ``SCOPE_READS``, only this engine's namespace.
-        Deletes ``batch_size`` runs per transaction."""
+        active runs are never purged, nor runs below an active run (a parent, grandparent,
+        ... still active may read their outcomes again). With ``SCOPE_READS``, only this
+        engine's namespace. Examines ``batch_size`` runs per transaction."""
         return purge(self, older_than, statuses, batch_size)
 
     # reading ------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import concurrency as quotas
 from .errors import DurableError
 from .limits import text_lengths
 from .serialization import json_copy, validate_text
@@ -41,29 +42,53 @@ def publish(engine: Engine, name: str, payload: Any, id: str | None = None) -> P
 
     Each subscriber starts under its own quota; one refused (or whose key or limit
     function fails on this payload) is skipped, sending ``event_skipped``, and the others
-    still start. With ``id``, each subscriber's run id is derived from it, so publishing
-    the same event again starts nothing new and is never refused.
+    still start. The runs are created in one transaction and sent once it commits: an
+    unexpected error (the database refusing a write, a lost connection) creates and sends
+    nothing. With ``id``, each subscriber's run id is derived from it, so publishing the
+    same event again starts nothing new and is never refused.
     """
     validate_text(name, "an event name")
     if id is not None:
         validate_text(id, "an event id")
     payload = json_copy(payload, f"the payload of event {name!r}")
-    result = PublishResult()
-    for definition in engine.registry.subscribers(name):
-        run_id = None if id is None else event_run_id(name, id, definition.name)
+    subscribers = engine.registry.subscribers(name)
+    started: dict[int, RunHandle] = {}
+    skipped: dict[int, tuple[str, Exception]] = {}
+    # First the key and limit functions, before anything is written.
+    ready = []
+    for index, definition in enumerate(subscribers):
         try:
-            handle = engine.start(definition, payload, run_id)
-        except (DurableError, TypeError, ValueError) as error:
-            result.skipped.append((definition.name, error))
-            send_signal(
-                event_skipped,
-                type(engine),
-                engine=engine,
-                event=name,
-                event_id=id,
-                workflow=definition.name,
-                error=error,
-            )
+            quota = quotas.resolve(definition.concurrency, payload, definition.name)
+        except (TypeError, ValueError) as error:
+            skipped[index] = (definition.name, error)
         else:
-            result.started.append(handle)
-    return result
+            ready.append((index, definition, quota))
+    # Then the starts, in one transaction, each under its key's lock until the end. The
+    # keys are taken in one order, so two publishes sharing keys never wait on each other
+    # in a cycle.
+    ready.sort(key=lambda item: (item[2].key if item[2] else "", item[1].name))
+    store = engine.store
+    with store.atomic():
+        for index, definition, quota in ready:
+            run_id = None if id is None else event_run_id(name, id, definition.name)
+            try:
+                with store.atomic():  # a savepoint: a refusal undoes this subscriber only
+                    input = json_copy(payload, f"the payload of event {name!r}")
+                    started[index] = engine._start(definition, input, quota, run_id, (), None)
+            except (DurableError, TypeError, ValueError) as error:
+                skipped[index] = (definition.name, error)
+    for index in sorted(skipped):
+        workflow, error = skipped[index]
+        send_signal(
+            event_skipped,
+            type(engine),
+            engine=engine,
+            event=name,
+            event_id=id,
+            workflow=workflow,
+            error=error,
+        )
+    return PublishResult(
+        started=[started[i] for i in sorted(started)],
+        skipped=[skipped[i] for i in sorted(skipped)],
+    )

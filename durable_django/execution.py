@@ -362,12 +362,20 @@ class Context:
     ) -> Any:
         """Start a child run, suspend until it settles, and return its output.
 
-        Raises :class:`ChildWorkflowError` when the child failed or was cancelled, or when
-        its start was refused by its quota (``cause`` is the ``ConcurrencyLimitError``).
+        Raises :class:`ChildWorkflowError` when the child failed or was cancelled, when
+        its start was refused by its quota (``cause`` is the ``ConcurrencyLimitError``),
+        or when the child was deleted before this run read its outcome.
         """
         run_id, _ = self._start_child(workflow, input, child_id, options)
         child = self.engine.store.get_run(run_id)
-        if child is None or child.status not in TERMINAL_STATUSES:
+        if child is None:
+            # Recorded as started, so it was deleted since: waiting would never end.
+            raise ChildWorkflowError(
+                f"child run {run_id!r} no longer exists: it was deleted before this run "
+                f"read its outcome",
+                child_id=run_id,
+            )
+        if child.status not in TERMINAL_STATUSES:
             raise Suspend({"child": run_id})
         if child.status == RunStatus.COMPLETED:
             return child.output

@@ -297,6 +297,29 @@ class Schedule(models.Model):
             self.next_due_at = self.compute_next_due(timezone.now())
         super().save(*args, **kwargs)
 
+    def clean_fields(self, exclude: Any = None) -> None:
+        """Django's checks of each field, and the columns' own on the values as given (in
+        their place for a field both refuse): a number that is not an int (``2.5``,
+        ``True``) is refused, not rounded; ranges are the same on every database; text
+        and JSON must not hold a NUL character."""
+        from django.core.exceptions import ValidationError
+
+        from .schedules import column_errors
+
+        given = {
+            field.name: getattr(self, field.attname)
+            for field in self._meta.concrete_fields
+            if not field.primary_key and field.name not in (exclude or ())
+        }
+        errors: dict[str, list[str]] = {}
+        try:
+            super().clean_fields(exclude=exclude)
+        except ValidationError as error:
+            errors = error.message_dict
+        errors.update((name, [message]) for name, message in column_errors(given).items())
+        if errors:
+            raise ValidationError(errors)
+
     def clean(self) -> None:
         """Refuse what could not fire: the timing, the workflow, the quota options."""
         from django.core.exceptions import NON_FIELD_ERRORS, ValidationError

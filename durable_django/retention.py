@@ -4,12 +4,17 @@ Nothing is deleted on its own: finished runs stay for the admin, ``durable show`
 ``engine.get_run`` until ``engine.purge`` (or ``manage.py durable purge``) removes those
 that finished before a cutoff. It deletes in batches, each its own transaction, so a
 large purge neither holds locks for long nor loads many runs at once.
+
+A run is deleted only when its whole ancestry has finished too: an active parent (or
+grandparent...) replays its body and reads its children's outcomes, and would wait
+forever for a child that is gone. :func:`active_ancestors` finds the runs of a batch that
+must stay, with one read per level of ancestry for the whole batch.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,6 +64,45 @@ def finished_statuses(statuses: Collection[str] | None) -> list[str]:
     return statuses
 
 
+#: ``{run_id: (status, parent_id)}`` for the runs a read found.
+AncestorRows = Mapping[str, tuple[str, str | None]]
+
+
+def active_ancestors(
+    parents: Mapping[str, str | None], read: Callable[[set[str]], AncestorRows]
+) -> dict[str, tuple[str, str]]:
+    """The runs of ``parents`` (``{run_id: parent_id}``) with an ancestor that has not
+    finished, each with that ancestor: ``{run_id: (ancestor_id, its status)}``.
+
+    ``read(ids)`` returns ``(status, parent_id)`` for the ids it finds; it is called once
+    per level of ancestry for the whole batch (a status that is not a finished one, such
+    as a row another transaction holds, counts as unfinished). A run whose ancestor row is
+    gone has a finished ancestry from there on.
+    """
+    found: dict[str, tuple[str, str]] = {}
+    known: dict[str, tuple[str, str | None] | None] = {}
+    # Each run still walking up, with the ancestor it has reached and those it has passed
+    # (a cycle, which only a hand-edited table can hold, ends the walk).
+    walking = {run_id: (parent_id, {run_id}) for run_id, parent_id in parents.items() if parent_id}
+    while walking:
+        unknown = {ancestor for ancestor, _ in walking.values() if ancestor not in known}
+        if unknown:
+            rows = read(unknown)
+            known.update((ancestor, rows.get(ancestor)) for ancestor in unknown)
+        still = {}
+        for run_id, (ancestor, passed) in walking.items():
+            row = known[ancestor]
+            if row is None:
+                continue
+            status, parent_id = row
+            if status not in TERMINAL_STATUSES:
+                found[run_id] = (ancestor, status)
+            elif parent_id and parent_id not in passed:
+                still[run_id] = (parent_id, passed | {ancestor})
+        walking = still
+    return found
+
+
 def purge(
     engine: Engine,
     older_than: datetime.timedelta | datetime.datetime,
@@ -76,10 +120,11 @@ def purge(
     if purge_runs is None or purge_signals is None:
         raise DurableError(f"{store!r} cannot purge: it has no purge_runs/purge_signals")
     runs = signals = 0
+    after = None
     while True:
-        deleted = purge_runs(before, statuses, engine.read_namespace, batch_size)
+        deleted, after = purge_runs(before, statuses, engine.read_namespace, batch_size, after)
         runs += deleted
-        if deleted < batch_size:
+        if after is None:
             break
     while True:
         deleted = purge_signals(before, batch_size)

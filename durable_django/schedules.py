@@ -6,6 +6,10 @@ expression read in an IANA timezone. Each window has a deterministic run id,
 ``sched:<key>:<window>``, so the idempotent start makes a window fire at most once however
 many tickers race. After downtime only the latest missed window fires.
 
+Each schedule is synced, computed and fired on its own: one whose declaration the
+database refuses, whose row holds a timing that cannot be computed, or whose window fails
+to start records why in its ``last_error``, is logged, and is skipped; the others fire.
+
 Daylight saving time: a cron time that does not exist (the spring-forward hour) fires at
 the first time after the gap; a time that happens twice (the fall-back hour) fires once,
 at its first occurrence, unless the hour field is ``*`` (hourly and finer schedules fire
@@ -16,12 +20,15 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
+from django.apps import apps
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
+from django.db.backends.base.operations import BaseDatabaseOperations
 from django.utils import timezone
 
 from . import concurrency as quotas
@@ -37,13 +44,18 @@ logger = logging.getLogger("durable_django.schedules")
 
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
+#: A cron expression must match at least once within this many years. The longest gap
+#: between two times of one that fires at all is eight years (29 February across 2100).
+CRON_HORIZON_YEARS = 10
+
 
 # validation -------------------------------------------------------------------------
 
 
 def validate_timing(cron: str, timezone_name: str, interval_seconds: int | None) -> None:
     """Refuse a timing that could not fire: both or neither of cron and interval, a bad
-    cron expression, an unknown timezone, an interval that is not a positive int."""
+    cron expression or one that never matches, an unknown timezone, an interval that is
+    not a positive int."""
     if bool(cron) == (interval_seconds is not None):
         raise ValueError("a schedule needs exactly one of a cron expression and an interval")
     if cron:
@@ -51,11 +63,62 @@ def validate_timing(cron: str, timezone_name: str, interval_seconds: int | None)
             raise ValueError(f"invalid cron expression {cron!r}")
         if len(cron.split()) != 5:
             raise ValueError(f"a cron expression has five fields; {cron!r} has {len(cron.split())}")
-        zone(timezone_name)
+        start = timezone.now().astimezone(zone(timezone_name))
+        try:
+            croniter(cron, start, max_years_between_matches=CRON_HORIZON_YEARS).get_next()
+        except CroniterBadDateError:
+            raise ValueError(
+                f"cron expression {cron!r} never fires: no time matches it within "
+                f"{CRON_HORIZON_YEARS} years (a day its month does not have?)"
+            ) from None
     elif isinstance(interval_seconds, bool) or not isinstance(interval_seconds, int):
         raise TypeError(f"interval must be a whole number of seconds, not {interval_seconds!r}")
     elif interval_seconds <= 0:
         raise ValueError(f"interval must be positive, not {interval_seconds}")
+
+
+def column_errors(fields: Mapping[str, Any]) -> dict[str, str]:
+    """What the schedule table's columns would refuse among ``fields`` (``{name: value}``),
+    by field name: text longer than its column or holding a NUL character, JSON holding a
+    NUL character, a number that is not an int or is past its column's range. The limits
+    are read from the model's fields, and the ranges are the same on every database."""
+    from .models import Schedule
+
+    errors = {}
+    for name, value in fields.items():
+        column = Schedule._meta.get_field(name)
+        label = column.verbose_name
+        kind = column.get_internal_type()
+        if value is None:
+            continue
+        if kind in BaseDatabaseOperations.integer_field_ranges:
+            low, high = BaseDatabaseOperations.integer_field_ranges[kind]
+            if isinstance(value, bool) or not isinstance(value, int):
+                errors[name] = f"{label} must be a whole number, not {value!r}"
+            elif not low <= value <= high:
+                errors[name] = f"{label} must be between {low} and {high}, not {value}"
+        elif isinstance(value, str) and column.max_length and len(value) > column.max_length:
+            errors[name] = (
+                f"{label} is {len(value)} characters long; its column holds {column.max_length}"
+            )
+        elif kind in ("CharField", "TextField", "JSONField") and any(
+            "\x00" in text for text in _texts(value)
+        ):
+            errors[name] = f"{label} must not contain a NUL character (\\x00)"
+    return errors
+
+
+def _texts(value: Any) -> Iterator[str]:
+    """Every str in a JSON value, keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _texts(key)
+            yield from _texts(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _texts(item)
 
 
 def zone(name: str) -> ZoneInfo:
@@ -99,7 +162,10 @@ class ScheduleSpec:
             raise TypeError(f"a schedule is a dict or a ScheduleSpec, not {type(value).__name__}")
         interval = options.get("interval")
         if isinstance(interval, datetime.timedelta):
-            options["interval"] = int(interval.total_seconds())
+            seconds = interval.total_seconds()
+            if seconds != int(seconds):
+                raise ValueError(f"interval must be a whole number of seconds, not {interval!r}")
+            options["interval"] = int(seconds)
         concurrency = options.get("concurrency")
         if isinstance(concurrency, quotas.Concurrency):
             options["concurrency"] = {
@@ -113,7 +179,24 @@ class ScheduleSpec:
         json_copy(spec.input, f"the input of schedule {spec.key!r}")
         if spec.concurrency is not None:
             quotas.for_start(spec.concurrency)
+        if apps.models_ready:  # else the tick's sync meets what the database refuses
+            for error in column_errors({"key": spec.key, **spec.row_fields()}).values():
+                raise ValueError(f"schedule {spec.key!r}: {error}")
         return spec
+
+    def row_fields(self) -> dict[str, Any]:
+        """The fields of the schedule's row this declaration sets (all but the workflow)."""
+        concurrency = dict(self.concurrency or {})
+        return {
+            "input": self.input,
+            "cron": self.cron,
+            "timezone": self.timezone,
+            "interval_seconds": self.interval,
+            "enabled": self.enabled,
+            "concurrency_key": concurrency.get("key", ""),
+            "concurrency_limit": concurrency.get("limit"),
+            "concurrency_statuses": list(concurrency.get("count_statuses") or []),
+        }
 
 
 def schedule_quota(
@@ -189,47 +272,79 @@ def sync_declared(engine: Engine) -> list[str]:
     A row created or last saved from code follows its declaration. A row saved in the
     admin (or with ``source="admin"``) is left as it is: the declaration no longer
     overwrites it, and a warning names it. Returns the keys it left alone.
+
+    Each schedule is synced in a transaction of its own, and a missing row is created by
+    an upsert, so tickers syncing at once never collide. One the database refuses is
+    logged (and recorded as its row's ``last_error``, when it has one) and skipped.
     """
     from .models import Schedule
 
+    declared = [
+        (definition, spec)
+        for definition in engine.registry.all()
+        if definition is engine.registry.latest(definition.name)
+        for spec in definition.schedules
+    ]
+    rows = {row.key: row for row in Schedule.objects.filter(key__in=[s.key for _, s in declared])}
     left_alone = []
-    for definition in engine.registry.all():
-        if definition is not engine.registry.latest(definition.name):
-            continue
-        for spec in definition.schedules:
-            concurrency = dict(spec.concurrency or {})
-            values = {
-                "workflow": definition.name,
-                "input": spec.input,
-                "cron": spec.cron,
-                "timezone": spec.timezone,
-                "interval_seconds": spec.interval,
-                "enabled": spec.enabled,
-                "concurrency_key": concurrency.get("key", ""),
-                "concurrency_limit": concurrency.get("limit"),
-                "concurrency_statuses": list(concurrency.get("count_statuses") or []),
-            }
-            row = Schedule.objects.filter(key=spec.key).first()
-            if row is None:
-                row = Schedule(key=spec.key, source=Schedule.Source.CODE, **values)
-                row.next_due_at = row.compute_next_due(timezone.now())
-                row.save()
-            elif row.source == Schedule.Source.CODE:
-                changed = {k: v for k, v in values.items() if getattr(row, k) != v}
-                if changed:
-                    for name, value in changed.items():
-                        setattr(row, name, value)
-                    row.next_due_at = row.compute_next_due(timezone.now())
-                    row.save()
-            elif any(getattr(row, k) != v for k, v in values.items()):
-                left_alone.append(spec.key)
-                logger.warning(
-                    "schedule %r was edited in the admin; its declaration on workflow %r "
-                    "differs and is not applied (set source to 'code' to follow it again)",
-                    spec.key,
-                    definition.name,
-                )
+    for definition, spec in declared:
+        try:
+            with transaction.atomic():
+                if not _sync_one(definition.name, spec, rows.get(spec.key)):
+                    left_alone.append(spec.key)
+        except Exception as error:
+            if not belongs_to_one_schedule(error, Schedule.objects.db):
+                raise
+            message = f"declaration on workflow {definition.name!r} not applied: {error}"
+            logger.error("schedule %r: %s", spec.key, message)
+            Schedule.objects.filter(key=spec.key).update(last_error=message)
     return left_alone
+
+
+def _sync_one(workflow: str, spec: ScheduleSpec, row: Schedule | None) -> bool:
+    """Write one declared schedule to its row; False when an admin edit keeps it as is."""
+    from .models import Schedule
+
+    values = {"workflow": workflow, **spec.row_fields()}
+    if row is None:
+        # An upsert that changes nothing when another ticker (or an admin) made the row.
+        features = connections[Schedule.objects.db].features
+        Schedule.objects.bulk_create(
+            [
+                Schedule(
+                    key=spec.key,
+                    source=Schedule.Source.CODE,
+                    next_due_at=_next_due(values, timezone.now()),
+                    **values,
+                )
+            ],
+            update_conflicts=True,
+            update_fields=["key"],
+            unique_fields=["key"] if features.supports_update_conflicts_with_target else None,
+        )
+        return True
+    changed = {name: value for name, value in values.items() if getattr(row, name) != value}
+    if not changed:
+        return True
+    if row.source == Schedule.Source.CODE:
+        # Unless an admin edit came meanwhile.
+        Schedule.objects.filter(pk=row.pk, source=Schedule.Source.CODE).update(
+            **changed, next_due_at=_next_due(values, timezone.now())
+        )
+        return True
+    logger.warning(
+        "schedule %r was edited in the admin; its declaration on workflow %r "
+        "differs and is not applied (set source to 'code' to follow it again)",
+        spec.key,
+        workflow,
+    )
+    return False
+
+
+def _next_due(values: Mapping[str, Any], now: datetime.datetime) -> datetime.datetime | None:
+    if not values["enabled"]:
+        return None
+    return next_window(values["cron"], values["timezone"], values["interval_seconds"], now)
 
 
 # firing -------------------------------------------------------------------------------
@@ -254,14 +369,34 @@ def fire(engine: Engine, schedule: Schedule, now: datetime.datetime) -> Firing:
     conditional update, so one ticker fires it."""
     from .models import Schedule
 
-    window = latest_window(schedule.cron, schedule.timezone, schedule.interval_seconds, now)
-    next_due = schedule.compute_next_due(now)
+    try:
+        window = latest_window(schedule.cron, schedule.timezone, schedule.interval_seconds, now)
+        next_due = schedule.compute_next_due(now)
+    except Exception as error:  # a timing written past the validation
+        return _park(schedule, now, error)
     claimed = Schedule.objects.filter(pk=schedule.pk, next_due_at=schedule.next_due_at).update(
         next_due_at=next_due
     )
     if not claimed:
         return Firing(schedule.key, window, None, claimed=False)
     return _start_window(engine, schedule, window, window_run_id(schedule.key, window), now)
+
+
+def _park(schedule: Schedule, now: datetime.datetime, error: Exception) -> Firing:
+    """Take a schedule whose timing cannot be computed off the due list (``next_due_at``
+    empty, until a save of the row computes it again), recording why."""
+    from .models import Schedule
+
+    message = (
+        f"not fired: its timing cannot be computed ({type(error).__name__}: {error}); "
+        f"correct it in the admin to schedule it again"
+    )
+    parked = Schedule.objects.filter(pk=schedule.pk, next_due_at=schedule.next_due_at).update(
+        next_due_at=None, last_error=message
+    )
+    if parked:
+        logger.error("schedule %r: %s", schedule.key, message)
+    return Firing(schedule.key, now, None, message, claimed=bool(parked))
 
 
 def fire_now(engine: Engine, schedule: Schedule, now: datetime.datetime | None = None) -> Firing:
@@ -284,7 +419,11 @@ def _start_window(
         concurrency = schedule_quota(
             schedule.concurrency_key, schedule.concurrency_limit, schedule.concurrency_statuses
         )
-        handle = engine.start(schedule.workflow, schedule.input, run_id, concurrency=concurrency)
+        # A savepoint: a start the database refuses undoes this start only.
+        with engine.store.atomic():
+            handle = engine.start(
+                schedule.workflow, schedule.input, run_id, concurrency=concurrency
+            )
     except ConcurrencyLimitError as error:
         message = (
             f"window {window.isoformat()} skipped: concurrency key {error.key!r} has "
@@ -292,8 +431,12 @@ def _start_window(
         )
         Schedule.objects.filter(pk=schedule.pk).update(last_error=message)
         return Firing(schedule.key, window, None, message, refusal=error)
-    except (DurableError, TypeError, ValueError, LookupError) as error:
+    except Exception as error:
+        if not belongs_to_one_schedule(error, getattr(engine.store, "using", DEFAULT_DB_ALIAS)):
+            raise
         message = f"window {window.isoformat()} not started: {error}"
+        if not isinstance(error, DurableError | TypeError | ValueError | LookupError):
+            logger.error("schedule %r: %s", schedule.key, message, exc_info=error)
         Schedule.objects.filter(pk=schedule.pk).update(last_error=message)
         return Firing(schedule.key, window, None, message)
     Schedule.objects.filter(pk=schedule.pk).update(
@@ -302,8 +445,18 @@ def _start_window(
     return Firing(schedule.key, window, handle.run_id)
 
 
+def belongs_to_one_schedule(error: Exception, using: str) -> bool:
+    """Whether ``error`` is one schedule's own (its values refused by the database, its
+    workflow unknown, its code raising), so the others still go on; not when the
+    connection to the database ``using`` is lost, which is everyone's."""
+    if not isinstance(error, DatabaseError):
+        return True
+    connection = connections[using]
+    return connection.connection is not None and connection.is_usable()
+
+
 def fire_due(engine: Engine, now: datetime.datetime) -> list[Firing]:
-    """Fire every enabled schedule whose next window is due at ``now``."""
+    """Fire every enabled schedule whose next window is due at ``now``, each on its own."""
     from .models import Schedule
 
     return [fire(engine, schedule, now) for schedule in Schedule.objects.due(now)]

@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import re
+from html import unescape
 
 import pytest
+from django.contrib.admin import site as admin_site
 from django.contrib.admin.models import LogEntry
 from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission
+from django.contrib.messages.storage.fallback import FallbackStorage
 from django.db import connection
-from django.test import Client
+from django.test import Client, RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from durable_django import RunStatus
 from durable_django import engine as default_engine
 from durable_django.admin.display import duration_text
-from durable_django.models import Run
+from durable_django.models import Run, Schedule
 from durable_django.testing import run_until_idle
+
+from .conftest import force_status
 
 CHANGELIST = "admin:durable_django_run_changelist"
 QUOTAS = "admin:durable_django_run_quotas"
@@ -384,6 +389,45 @@ def test_the_buttons_take_a_post_with_csrf_and_the_change_permission(db, staff_c
     assert default_engine.get_run(run_id).status == RunStatus.CANCELLED
 
 
+# links to runs --------------------------------------------------------------------------
+
+#: Ids the admin's URLs must quote: a slash (as in a child's default id) and its own escape.
+AWKWARD_IDS = ("export/acme_2F1", "export_2Facme/1")
+
+
+@pytest.mark.parametrize("parent_id", AWKWARD_IDS)
+def test_links_to_runs_with_awkward_ids_open_those_runs(admin_client, parent_id):
+    parent = default_engine.start("tests.plain", {}, run_id=parent_id)
+    # A decoy at the id a wrong unquoting would lead to.
+    default_engine.start("tests.plain", {}, run_id=parent_id.replace("_2F", "/"))
+    child_id = f"{parent_id}/2"
+    default_engine.start_child(default_engine.get_run(parent.run_id), "tests.plain", {}, child_id)
+
+    def opened(url: str) -> str:
+        response = admin_client.get(url)
+        assert response.status_code == 200, url
+        return response.context["original"].pk
+
+    def link_in(html: str, text: str) -> str:
+        [href] = re.findall(rf'<a href="([^"]+)">{re.escape(text)}</a>', html)
+        return unescape(href)
+
+    child_page = admin_client.get(change_url(child_id).replace(child_id, quote(child_id)))
+    assert child_page.context["original"].pk == child_id
+    assert opened(link_in(child_page.content.decode(), parent_id)) == parent_id
+
+    Schedule.objects.create(
+        key="s", workflow="tests.plain", interval_seconds=60, last_run_id=child_id
+    )
+    schedules = admin_client.get(reverse("admin:durable_django_schedule_changelist"))
+    assert opened(link_in(schedules.content.decode(), child_id)) == child_id
+
+    # The changelist's own links and its filter on a parent find the same runs.
+    listed = admin_client.get(reverse(CHANGELIST), {"parent_id": parent_id})
+    assert [run.pk for run in listed.context["cl"].result_list] == [child_id]
+    assert opened(link_in(listed.content.decode(), child_id)) == child_id
+
+
 # actions -------------------------------------------------------------------------------
 
 
@@ -474,6 +518,72 @@ def test_only_finished_runs_may_be_deleted(admin_client):
     response = post_action(admin_client, "delete_selected", [done], post="yes")
     assert messages_of(response) == ["Successfully deleted 1 run."]
     assert not Run.objects.filter(pk=done).exists()
+
+
+def parent_and_child(parent_status: str) -> tuple[str, str]:
+    """A run in ``parent_status`` and its finished child ``<parent>/1``."""
+    parent = default_engine.start("tests.plain", {}).run_id
+    child = default_engine.start_child(
+        default_engine.get_run(parent), "tests.plain", {}, f"{parent}/1"
+    ).run_id
+    force_status(default_engine, child, RunStatus.COMPLETED)
+    force_status(default_engine, parent, parent_status)
+    return parent, child
+
+
+def test_a_child_of_an_active_run_is_not_deleted_and_the_admin_says_why(admin_client):
+    parent, child = parent_and_child(RunStatus.SUSPENDED)
+    grandchild = default_engine.start_child(
+        default_engine.get_run(child), "tests.plain", {}, f"{child}/1"
+    ).run_id
+    force_status(default_engine, grandchild, RunStatus.FAILED)
+    done = default_engine.start("tests.plain", {}).run_id
+    run_until_idle()
+
+    response = post_action(admin_client, "delete_selected", [child, grandchild, done], post="yes")
+    assert messages_of(response) == [
+        f"Nothing deleted: 2 selected runs ({child}, {grandchild}) are below run {parent}, "
+        "which is still suspended and may still read their outcomes; delete them once that "
+        "run has finished."
+    ]
+    assert Run.objects.filter(pk__in=[child, grandchild, done]).count() == 3
+
+    # Its own delete page refuses too, and sends back to the run's page with the reason.
+    for method in (admin_client.get, admin_client.post):
+        response = method(
+            reverse("admin:durable_django_run_delete", args=[quote(child)]),
+            {"post": "yes"},
+            follow=True,
+        )
+        assert response.redirect_chain[-1][0] == change_url(quote(child))
+        assert messages_of(response) == [
+            f"Nothing deleted: run {child} is below run {parent}, which is still suspended "
+            "and may still read its outcome; delete it once that run has finished."
+        ]
+    assert Run.objects.filter(pk=child).exists()
+
+    # Once the parent has finished, the whole family may go.
+    force_status(default_engine, parent, RunStatus.COMPLETED)
+    response = post_action(admin_client, "delete_selected", [child, grandchild], post="yes")
+    assert messages_of(response) == ["Successfully deleted 2 runs."]
+    admin_client.post(reverse("admin:durable_django_run_delete", args=[parent]), {"post": "yes"})
+    assert not Run.objects.filter(pk__in=[parent, child, grandchild]).exists()
+
+
+def test_the_admin_deletes_through_the_store_which_checks_again(admin_client):
+    """A parent that becomes active between the confirmation page and the deletion (a retry
+    meanwhile) keeps its child: the store checks again under locks."""
+    parent, child = parent_and_child(RunStatus.FAILED)
+    confirmed = Run.objects.filter(pk=child)  # what the confirmation page showed
+    force_status(default_engine, parent, RunStatus.PENDING)  # a retry, meanwhile
+    request = RequestFactory().post("/")
+    request.session = {}
+    request._messages = FallbackStorage(request)
+    admin_site._registry[Run].delete_queryset(request, confirmed)
+    assert Run.objects.filter(pk=child).exists()
+    assert [str(m) for m in request._messages] == [
+        f"1 run was not deleted: it, or a run above it, became active meanwhile ({child})."
+    ]
 
 
 # the quota page ------------------------------------------------------------------------

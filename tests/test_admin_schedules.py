@@ -83,3 +83,20 @@ def test_actions_disable_enable_and_fire(admin_client, nightly):
     assert "1 schedule fired." in act("fire")
     # The fired run holds the schedule's only slot: the next fire is refused, and says why.
     assert "concurrency key &#x27;reports&#x27; has 1 active run(s)" in act("fire")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"cron": "0 0 30 2 *"}, "never fires: no time matches it within 10 years"),
+        ({"cron": "", "interval_seconds": "2.5"}, "Enter a whole number."),
+        ({"cron": "", "interval_seconds": "2147483648"}, "2147483647"),
+        ({"concurrency_key": "k" * 201, "concurrency_limit": "1"}, "at most 200 characters"),
+        ({"input": '{"text": "a\\u0000b"}'}, "must not contain a NUL character"),
+    ],
+)
+def test_the_form_refuses_what_could_never_fire_or_be_stored(admin_client, db, fields, message):
+    url = reverse("admin:durable_django_schedule_add")
+    page = admin_client.post(url, form_data(**fields)).content.decode()
+    assert message in page
+    assert not Schedule.objects.exists()

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+
 import pytest
+from django.db import DatabaseError, connection
 
 from durable_django import ConcurrencyLimitError, Engine
 from durable_django.events import event_run_id
+from durable_django.registry import Registry
 from durable_django.signals import event_skipped
+from durable_django.stores import OrmStore
 from durable_django.testing import run_until_idle
 
 pytestmark = pytest.mark.quota
@@ -96,3 +102,102 @@ def test_long_event_ids_are_hashed_into_a_run_id():
     run_id = event_run_id("e", "x" * 400, "wf")
     assert run_id.startswith("event:") and len(run_id) <= 255
     assert run_id == event_run_id("e", "x" * 400, "wf") != event_run_id("e", "y" * 400, "wf")
+
+
+# one transaction per publish -------------------------------------------------------------
+
+
+class Interrupted(BaseException):
+    """Not an ``Exception``: what a key function raising it does is nobody's refusal."""
+
+
+def test_an_unexpected_error_on_the_second_subscriber_creates_nothing(engine: Engine):
+    def interrupted(input):
+        raise Interrupted("stopped mid-publish")
+
+    subscribe(engine, "a-first", limit=5)
+    engine.register(
+        "b-second",
+        "1",
+        lambda ctx, i: i,
+        on_event=["payment.settled"],
+        concurrency={"key": interrupted, "limit": 5},
+    )
+    with pytest.raises(Interrupted):
+        engine.publish_event("payment.settled", {"tenant": "acme"})
+    assert engine.list_runs() == []
+
+
+@pytest.fixture
+def sent_to(broker) -> Iterator[tuple[Engine, str]]:
+    """An engine on the ORM store sending its runs to a queue nobody consumes."""
+    from .worker import delete_queue, unique_queue
+
+    queue = unique_queue("durable-publish")
+    try:
+        yield Engine(store=OrmStore(), registry=Registry(), enqueue=True, queue=queue), queue
+    finally:
+        delete_queue(broker, queue)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_subscriber_the_database_refuses_undoes_the_whole_publish(sent_to, broker):
+    """The second subscriber's run (in the order of the quota keys) is refused by the
+    database: the first one's run is rolled back with it, and no message goes out."""
+    from .database_refusal import MESSAGE, runs_refused
+    from .worker import queued_count
+
+    engine, queue = sent_to
+    subscribe(engine, "a-first", limit=5)  # key a-first:acme: started first
+    subscribe(engine, "b-second", limit=5)  # key b-second:acme
+    with runs_refused("b-second"), pytest.raises(DatabaseError, match=MESSAGE):
+        engine.publish_event("payment.settled", {"tenant": "acme"}, id="evt-1")
+    assert engine.list_runs() == []
+    assert queued_count(broker, queue) == 0
+
+    # Published again once the database takes it: every subscriber starts, once.
+    result = engine.publish_event("payment.settled", {"tenant": "acme"}, id="evt-1")
+    assert sorted((h.workflow, h.created) for h in result.started) == [
+        ("a-first", True),
+        ("b-second", True),
+    ]
+    assert queued_count(broker, queue) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_publishes_sharing_keys_in_opposite_orders_never_deadlock(registry: Registry):
+    """Two events whose subscribers, in their registration order, take the same two keys
+    in opposite orders; each publish holds its keys' locks until it commits."""
+    engines = [Engine(store=OrmStore(), registry=registry, enqueue=False) for _ in range(8)]
+    for event, keys in (("one", ["k:b", "k:a"]), ("two", ["k:a", "k:b"])):
+        for key in keys:
+            engines[0].register(
+                f"{event}-{key}",
+                "1",
+                lambda ctx, i: i,
+                on_event=[event],
+                concurrency={"key": lambda i, key=key: key, "limit": 1000},
+            )
+    rounds = 5
+    barrier = threading.Barrier(len(engines))
+    errors: list[BaseException] = []
+
+    def publish(n: int) -> None:
+        try:
+            for round in range(rounds):
+                barrier.wait(60)
+                result = engines[n].publish_event("one" if n % 2 else "two", {"n": n, "r": round})
+                assert len(result.started) == 2 and result.skipped == []
+        except BaseException as error:
+            errors.append(error)
+            barrier.abort()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=publish, args=(n,)) for n in range(len(engines))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert engines[0].count_runs() == 2 * rounds * len(engines)

@@ -209,3 +209,242 @@ def test_the_purge_command_refuses_bad_arguments(db, args, message):
     with pytest.raises(CommandError, match=message):
         durable("purge", *args)
     assert default_engine.get_run(run_id).status == "completed"
+
+
+# a run is purged only once its whole ancestry has finished ------------------------------
+
+
+def kid(ctx, input):
+    return ctx.step("work", lambda: input["n"] * 10)
+
+
+def waits_for_child_then_signal(ctx, input):
+    """Starts a child and reads its outcome, then waits for a signal: while it waits, its
+    finished child is old enough to purge, and its replay still reads the child."""
+    out = ctx.child("kid", {"n": input["n"]}, f"{ctx.run_id}/kid")
+    ctx.wait_for_signal(f"go:{ctx.run_id}")
+    return out
+
+
+def grandparent(ctx, input):
+    out = ctx.child("parent", {"n": input["n"]}, f"{ctx.run_id}/parent")
+    ctx.wait_for_signal(f"go:{ctx.run_id}")
+    return out
+
+
+def parent_of_kid(ctx, input):
+    return ctx.child("kid", {"n": input["n"]}, f"{ctx.run_id}/kid")
+
+
+@pytest.fixture
+def family(wf_engine: Engine) -> Engine:
+    wf_engine.register("kid", "1", kid)
+    wf_engine.register("waiter", "1", waits_for_child_then_signal)
+    wf_engine.register("parent", "1", parent_of_kid)
+    wf_engine.register("grandparent", "1", grandparent)
+    return wf_engine
+
+
+def age(engine: Engine, run_id: str, ago: datetime.timedelta = DAYS_AGO_40) -> None:
+    """Make the finished run ``run_id`` look as if it had ended ``ago``."""
+    run = engine.get_run(run_id)
+    force_status(engine, run_id, run.status, finished_at=timezone.now() - ago)
+
+
+def test_a_finished_child_of_an_active_parent_stays_until_the_parent_has_finished(
+    family: Engine,
+):
+    parent = family.start("waiter", {"n": 4}, "p").run_id
+    run_until_idle(family)
+    assert family.get_run("p/kid").status == "completed"
+    assert family.get_run(parent).status == "suspended"  # waiting for its signal
+    age(family, "p/kid")
+
+    assert family.purge(datetime.timedelta(days=30)).runs == 0
+    assert family.get_run("p/kid").status == "completed"
+
+    # The parent's replay reads its child's outcome again, and completes.
+    family.signal("go:p")
+    run_until_idle(family)
+    assert family.get_run(parent).status == "completed"
+    assert family.get_run(parent).output == 40
+    # Now its ancestry has finished, the old child goes.
+    assert family.purge(datetime.timedelta(days=30)).runs == 1
+    assert gone(family, "p/kid")
+    assert family.get_run(parent).status == "completed"
+
+
+def test_the_whole_ancestry_must_have_finished(family: Engine):
+    family.start("grandparent", {"n": 1}, "g")
+    run_until_idle(family)
+    assert [family.get_run(r).status for r in ("g", "g/parent", "g/parent/kid")] == [
+        "suspended",
+        "completed",
+        "completed",
+    ]
+    age(family, "g/parent")
+    age(family, "g/parent/kid")
+    # The grandchild's parent has finished, but not its grandparent.
+    assert family.purge(datetime.timedelta(days=30), batch_size=1).runs == 0
+    family.signal("go:g")
+    run_until_idle(family)
+    assert family.get_run("g").output == 10
+    age(family, "g")
+    # One run per batch: a run whose parent row is already gone counts as having a
+    # finished ancestry, whatever the order the batches take them in.
+    assert family.purge(datetime.timedelta(days=30), batch_size=1).runs == 3
+    assert all(gone(family, r) for r in ("g", "g/parent", "g/parent/kid"))
+
+
+def test_runs_below_an_active_run_do_not_stop_the_purge_of_the_others(family: Engine):
+    family.start("waiter", {"n": 1}, "0")
+    run_until_idle(family)
+    age(family, "0/kid")  # the first id of all: in the first batch
+    others = [finished(family, RunStatus.COMPLETED, DAYS_AGO_40) for _ in range(5)]
+    # Batches of two: the kept child takes a place in the first, and the purge goes on.
+    assert family.purge(datetime.timedelta(days=30), batch_size=2).runs == 5
+    assert all(gone(family, r) for r in others)
+    assert family.get_run("0/kid").status == "completed"
+
+
+def test_a_child_deleted_under_a_waiting_parent_fails_it_rather_than_leaving_it_waiting(
+    family: Engine,
+):
+    """Whatever deleted it (a delete past ``purge``, a purge before a retry), the parent
+    that reads a child that is gone ends, failed, and says which child."""
+    family.start("waiter", {"n": 1}, "p")
+    run_until_idle(family)
+    if isinstance(family.store, OrmStore):
+        Run.objects.filter(pk="p/kid").delete()
+    else:
+        del family.store._runs["p/kid"]
+    family.signal("go:p")
+    run_until_idle(family)
+    run = family.get_run("p")
+    assert run.status == "failed"
+    assert "child run 'p/kid' no longer exists" in run.error["message"]
+
+
+def test_a_purge_reads_each_level_of_ancestry_once_per_batch(orm_engine: Engine):
+    from django.test.utils import CaptureQueriesContext
+
+    orm_engine.register("kid", "1", kid)
+    orm_engine.register("parent", "1", parent_of_kid)
+    orm_engine.register("grandparent", "1", grandparent)
+
+    def purge_families(count: int) -> int:
+        for n in range(count):
+            orm_engine.start("grandparent", {"n": n}, f"g{count}-{n}")
+        run_until_idle(orm_engine)
+        for n in range(count):
+            orm_engine.signal(f"go:g{count}-{n}")
+        run_until_idle(orm_engine)
+        for run in orm_engine.list_runs():
+            age(orm_engine, run.run_id)
+        with CaptureQueriesContext(connection) as queries:
+            assert orm_engine.purge(datetime.timedelta(days=30)).runs == 3 * count
+        return len(queries)
+
+    assert purge_families(2) == purge_families(20)
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite locks the whole database")
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_under_way_keeps_the_children_of_the_run_it_retries(registry: Registry):
+    engine = Engine(store=OrmStore(), registry=registry, enqueue=False)
+    engine.register("kid", "1", kid)
+    down = ["once"]
+
+    def call() -> str:
+        if down:
+            down.pop()
+            raise RuntimeError("the service is down")
+        return "up"
+
+    def fails_once(ctx, input):
+        out = ctx.child("kid", {"n": 2}, f"{ctx.run_id}/kid")
+        ctx.step("call", call)
+        return out
+
+    engine.register("fails-once", "1", fails_once)
+    engine.start("fails-once", {}, "p")
+    run_until_idle(engine)
+    assert engine.get_run("p").status == "failed"
+    age(engine, "p")
+    age(engine, "p/kid")
+    retrying, release = threading.Event(), threading.Event()
+
+    def retry() -> None:
+        # The retry's transaction holds the parent's row until it commits.
+        try:
+            with transaction.atomic():
+                engine.retry("p")
+                retrying.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    retrier = threading.Thread(target=retry)
+    retrier.start()
+    try:
+        assert retrying.wait(30)
+        assert engine.purge(datetime.timedelta(days=30)).runs == 0
+    finally:
+        release.set()
+        retrier.join()
+    assert engine.get_run("p").status == "pending"
+    run_until_idle(engine)
+    assert (engine.get_run("p").status, engine.get_run("p").output) == ("completed", 20)
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite locks the whole database")
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_after_the_purge_of_a_child_ends_the_run_with_the_reason(registry: Registry):
+    """The other order: the purge holds the failed parent while it deletes the child; the
+    retry waits for it, and the retried parent fails at the child that is gone."""
+    engine = Engine(store=OrmStore(), registry=registry, enqueue=False)
+    engine.register("kid", "1", kid)
+
+    def fails(ctx, input):
+        ctx.child("kid", {"n": 2}, f"{ctx.run_id}/kid")
+        raise RuntimeError("always")
+
+    engine.register("fails", "1", fails)
+    engine.start("fails", {}, "p")
+    run_until_idle(engine)
+    retried = threading.Event()
+
+    def retry() -> None:
+        try:
+            engine.retry("p")
+            retried.set()
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        assert engine.store.delete_runs(["p/kid"]) == ["p/kid"]
+        retrier = threading.Thread(target=retry)
+        retrier.start()
+        # The retry waits for the parent's row until the purge commits.
+        assert not retried.wait(0.5)
+    retrier.join(30)
+    assert retried.is_set()
+    run_until_idle(engine)
+    run = engine.get_run("p")
+    assert run.status == "failed"
+    assert "child run 'p/kid' no longer exists" in run.error["message"]
+
+
+def test_the_purge_command_keeps_the_children_of_active_runs(db):
+    parent = default_engine.start("tests.plain", {}).run_id
+    child = default_engine.start_child(
+        default_engine.get_run(parent), "tests.plain", {}, f"{parent}/1"
+    ).run_id
+    force_status(
+        default_engine, child, RunStatus.COMPLETED, finished_at=timezone.now() - DAYS_AGO_40
+    )
+    force_status(default_engine, parent, RunStatus.SUSPENDED)
+    assert durable_json("purge", "--older-than", "30d") == {"runs": 0, "signals": 0}
+    force_status(default_engine, parent, RunStatus.CANCELLED, finished_at=timezone.now())
+    assert durable_json("purge", "--older-than", "30d") == {"runs": 1, "signals": 0}
+    assert gone(default_engine, child)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import threading
+from contextlib import nullcontext
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -15,6 +17,7 @@ from durable_django.models import Schedule
 from durable_django.schedules import ScheduleSpec, latest_window, next_window, window_run_id
 
 from .conftest import force_status
+from .ticker_process import declare, tick_in_process
 
 UTC = datetime.UTC
 PARIS = ZoneInfo("Europe/Paris")
@@ -56,6 +59,26 @@ def due(row: Schedule, when: datetime.datetime) -> None:
             "concurrency_key",
             "unknown status",
         ),
+        # What could never fire, or what its columns could not hold, on every database.
+        ({"cron": "0 0 30 2 *", "interval_seconds": None}, "cron", "never fires"),
+        ({"cron": "0 0 31 4 *", "interval_seconds": None}, "cron", "never fires"),
+        ({"interval_seconds": 2.5}, "interval_seconds", "whole number, not 2.5"),
+        ({"interval_seconds": True}, "interval_seconds", "whole number, not True"),
+        ({"interval_seconds": "60"}, "interval_seconds", "whole number, not '60'"),
+        ({"interval_seconds": 2**31}, "interval_seconds", "between 0 and 2147483647"),
+        (
+            {"concurrency_key": "k" * 201, "concurrency_limit": 1},
+            "concurrency_key",
+            "201 characters long; its column holds 200",
+        ),
+        (
+            {"concurrency_key": "k", "concurrency_limit": 2**31},
+            "concurrency_limit",
+            "between -2147483648 and 2147483647",
+        ),
+        ({"input": {"text": "a\x00b"}}, "input", "NUL character"),
+        ({"input": {"a\x00": 1}}, "input", "NUL character"),
+        ({"key": "nightly\x00"}, "key", "NUL character"),
     ],
 )
 def test_a_schedule_that_could_not_fire_is_refused_when_saved(db, fields, field, message):
@@ -71,6 +94,9 @@ def test_a_valid_schedule_passes(db):
     Schedule(
         key="s", workflow="tests.plain", cron="0 3 * * *", timezone="Europe/Paris"
     ).full_clean()
+    # Every four years (eight across 2100) is rare, not never.
+    Schedule(key="s", workflow="tests.plain", cron="0 0 29 2 *").full_clean()
+    Schedule(key="s", workflow="tests.plain", interval_seconds=2**31 - 1).full_clean()
 
 
 @pytest.mark.parametrize(
@@ -95,6 +121,16 @@ def test_the_database_refuses_impossible_timings_and_quotas(db, fields):
         ({"key": "k", "interval": 5, "every": 3}, "unknown schedule option"),
         ({"key": "k", "interval": 5, "input": {1, 2}}, "JSON-serialisable"),
         ({"key": "k", "interval": 5, "concurrency": {"key": "x", "limit": "2"}}, "int"),
+        ({"key": "k", "cron": "0 0 30 2 *"}, "never fires"),
+        ({"key": "k", "interval": 2.5}, "whole number of seconds, not 2.5"),
+        ({"key": "k", "interval": True}, "whole number of seconds, not True"),
+        ({"key": "k", "interval": datetime.timedelta(seconds=2.5)}, "whole number of seconds"),
+        ({"key": "k", "interval": 2**31}, "between 0 and 2147483647"),
+        (
+            {"key": "k", "interval": 5, "concurrency": {"key": "x" * 201, "limit": 1}},
+            "schedule 'k': concurrency key is 201 characters long; its column holds 200",
+        ),
+        ({"key": "k", "interval": 5, "input": {"text": "\x00"}}, "NUL character"),
     ],
 )
 def test_bad_declared_schedules_are_refused_at_declaration(registry, spec, message):
@@ -280,6 +316,11 @@ def test_put_creates_or_updates_a_validated_schedule(db):
     with pytest.raises(ValidationError):
         Schedule.objects.put("reports", cron="0 4 * *")
     assert Schedule.objects.get(key="reports").cron == "0 4 * * *"
+    # Refused, not rounded.
+    for interval in (2.5, True):
+        with pytest.raises(ValidationError, match="whole number"):
+            Schedule.objects.put("reports", cron="", interval_seconds=interval)
+    assert Schedule.objects.get(key="reports").interval_seconds is None
     assert list(Schedule.objects.enabled()) == [again]
 
 
@@ -321,3 +362,174 @@ def test_a_disabled_declared_schedule_stays_disabled(orm: Engine, admin_client):
     orm.tick()
     row.refresh_from_db()
     assert (row.enabled, row.source) == (False, "admin")
+
+
+# concurrent tickers, and one bad schedule among good ones -------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tickers_creating_declared_schedules_at_once_never_raise(registry, caplog):
+    from durable_django.stores import OrmStore
+
+    engines = [Engine(store=OrmStore(), registry=registry, enqueue=False) for _ in range(24)]
+    keys = [f"declared-{n}" for n in range(3)]
+    declare(engines[0], keys)
+    for _trial in range(3):
+        Schedule.objects.all().delete()  # every ticker finds no row and creates it
+        barrier = threading.Barrier(len(engines))
+        errors: list[BaseException] = []
+
+        def tick(engine: Engine, barrier: threading.Barrier, errors: list) -> None:
+            try:
+                barrier.wait()
+                engine.tick()
+            except BaseException as error:
+                errors.append(error)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=tick, args=(e, barrier, errors)) for e in engines]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        assert "not applied" not in caplog.text  # nor a deadlock, nor a duplicate key
+        assert sorted(Schedule.objects.values_list("key", "source")) == [(k, "code") for k in keys]
+
+
+def written_past_validation(key: str, **fields) -> Schedule:
+    """A row written with the ORM, which validates nothing, due at 12:00."""
+    return schedule(key=key, next_due_at=at(2026, 5, 1, 12, 0), **fields)
+
+
+def test_a_schedule_whose_timing_cannot_be_computed_is_parked_and_the_others_fire(
+    orm: Engine, caplog
+):
+    good = written_past_validation("good")
+    bad = [
+        written_past_validation("never", cron="0 0 30 2 *", interval_seconds=None),
+        written_past_validation("garbled", cron="at noon", interval_seconds=None),
+        written_past_validation("mars", cron="0 3 * * *", interval_seconds=None, timezone="Mars"),
+    ]
+    result = orm.tick(now=at(2026, 5, 1, 12, 0, 30))
+    assert (result.fired, result.skipped_windows) == (1, 3)
+    good.refresh_from_db()
+    assert good.last_run_id == "sched:good:2026-05-01T12:00:00+00:00"
+    for row in bad:
+        row.refresh_from_db()
+        assert row.last_error.startswith("not fired: its timing cannot be computed (")
+        assert row.last_error.endswith("); correct it in the admin to schedule it again")
+        assert row.next_due_at is None and row.last_run_id == ""
+        assert f"schedule {row.key!r}: not fired" in caplog.text
+    # Parked: the next ticks pass them by, and the good one goes on firing.
+    result = orm.tick(now=at(2026, 5, 1, 12, 1, 30))
+    assert (result.fired, result.skipped_windows) == (1, 0)
+    # Saved again with a timing that works, a parked schedule is due again.
+    row = Schedule.objects.get(key="never")
+    row.cron = "0 0 28 2 *"
+    row.save()
+    assert (row.next_due_at.month, row.next_due_at.day) == (2, 28)
+
+
+@pytest.fixture
+def orm_tx(registry) -> Engine:
+    from durable_django.stores import OrmStore
+
+    engine = Engine(store=OrmStore(), registry=registry, enqueue=False)
+    engine.register("wf", "1", lambda ctx, i: i)
+    engine.register("refused", "1", lambda ctx, i: i)
+    return engine
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("in_a_transaction", [False, True])
+def test_a_window_the_database_refuses_is_skipped_and_the_others_fire(
+    orm_tx: Engine, caplog, in_a_transaction: bool
+):
+    from .database_refusal import MESSAGE, runs_refused
+
+    refused = written_past_validation("a-refused", workflow="refused")
+    good = written_past_validation("b-good")
+    with runs_refused("refused"), transaction.atomic() if in_a_transaction else nullcontext():
+        result = orm_tx.tick(now=at(2026, 5, 1, 12, 0, 30))
+    assert (result.fired, result.skipped_windows) == (1, 1)
+    refused.refresh_from_db()
+    assert refused.last_error.startswith("window 2026-05-01T12:00:00+00:00 not started: ")
+    assert MESSAGE in refused.last_error
+    assert "schedule 'a-refused': window 2026-05-01T12:00:00+00:00 not started" in caplog.text
+    good.refresh_from_db()
+    assert orm_tx.get_run(good.last_run_id).workflow == "wf"
+    assert [r.workflow for r in orm_tx.list_runs()] == ["wf"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_declaration_the_database_refuses_is_skipped_and_the_others_sync(orm_tx: Engine, caplog):
+    """Declarations built past their validation (``ScheduleSpec`` without ``build``): what
+    the database refuses is logged, recorded on the row when there is one, and skipped."""
+    from durable_django.registry import make_definition
+
+    orm_tx.register(
+        "declared", "1", lambda ctx, i: i, schedule={"key": "c-updated", "interval": 60}
+    )
+    orm_tx.tick()
+    bad = {
+        "a-long-quota-key": ScheduleSpec(
+            key="a-long-quota-key", interval=60, concurrency={"key": "k" * 220, "limit": 1}
+        ),
+        "b-nul": ScheduleSpec(key="b-nul", interval=60, input={"text": "a\x00b"}),
+        "d-huge-interval": ScheduleSpec(key="d-huge-interval", interval=2**32),
+        "c-updated": ScheduleSpec(
+            key="c-updated", interval=60, concurrency={"key": "k" * 220, "limit": 1}
+        ),
+    }
+    orm_tx.registry.remove("declared")
+    orm_tx.registry.add(
+        dataclasses.replace(
+            make_definition("declared", "2", lambda ctx, i: i), schedules=tuple(bad.values())
+        )
+    )
+    orm_tx.register("fine", "1", lambda ctx, i: i, schedule={"key": "e-fine", "interval": 60})
+
+    orm_tx.tick()  # raises nothing
+
+    assert Schedule.objects.get(key="e-fine").source == "code"
+    refused_by = {
+        "sqlite": set(),  # SQLite holds them all
+        "postgresql": set(bad),
+        "mysql": {"a-long-quota-key", "c-updated", "d-huge-interval"},
+    }[connection.vendor]
+    rows = set(Schedule.objects.values_list("key", flat=True))
+    for key in bad:
+        refused = key in refused_by
+        assert (key in rows) == (not refused or key == "c-updated"), key
+        logged = f"schedule {key!r}: declaration on workflow 'declared' not applied: "
+        assert (logged in caplog.text) == refused, key
+    updated = Schedule.objects.get(key="c-updated")
+    if "c-updated" in refused_by:
+        # The row keeps what the database holds, and says why it does not follow its code.
+        assert updated.concurrency_key == ""
+        assert updated.last_error.startswith("declaration on workflow 'declared' not applied: ")
+    else:
+        assert updated.concurrency_key == "k" * 220
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ticker_processes_creating_declared_schedules_at_once_never_raise():
+    import multiprocessing
+
+    keys = [f"declared-{n}" for n in range(3)]
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(6), context.Queue()
+    db_name = str(connection.settings_dict["NAME"])
+    processes = [
+        context.Process(target=tick_in_process, args=(db_name, keys, barrier, results))
+        for _ in range(6)
+    ]
+    for process in processes:
+        process.start()
+    reports = [results.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(30)
+    assert reports == [""] * len(processes), "\n".join(reports)
+    assert sorted(Schedule.objects.values_list("key", "source")) == [(k, "code") for k in keys]

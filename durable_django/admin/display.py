@@ -9,7 +9,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
@@ -70,6 +72,15 @@ def error_block(error: Any, folded: bool = False) -> str:
             )
         ]
     return format_html_join("", "<div>{}</div>", ((part,) for part in [summary, *details]))
+
+
+def run_url(run_id: str, current_app: str = "admin", view: str = "change") -> str:
+    """The admin page ``view`` (``change``, ``cancel``, ``retry``) of the run ``run_id``, its
+    id quoted as the admin's own links quote a primary key (an id holding ``/`` or ``_2F``
+    links to that very run)."""
+    return reverse(
+        f"admin:durable_django_run_{view}", args=[quote(run_id)], current_app=current_app
+    )
 
 
 def status_badge(status: str) -> str:

@@ -9,7 +9,7 @@ from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
-from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -27,6 +27,8 @@ from ..engines import default_engine
 from ..errors import ConcurrencyLimitError, DurableError
 from ..models import Run, RunTag, Step
 from ..status import ACTIVE_STATUSES, RunStatus
+from ..stores.orm import OrmStore
+from .deletion import below_active_messages, runs_below_active
 from .display import (
     ReadOnlyInline,
     duration_text,
@@ -34,6 +36,7 @@ from .display import (
     json_block,
     named,
     report,
+    run_url,
     short_id,
     status_badge,
     timestamp_field,
@@ -113,7 +116,8 @@ class TagFilter(admin.SimpleListFilter):
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
     """Runs, read-only. *Cancel* and *retry* go through the engine; finished runs may be
-    deleted (housekeeping), active ones never (cancel them first). The quota page hangs
+    deleted (housekeeping), active ones never (cancel them first), nor runs below an
+    active run (it may still read their outcomes). The quota page hangs
     off the changelist."""
 
     # Narrow enough for a 1,280 px window beside the admin's navigation and the filters:
@@ -290,9 +294,7 @@ class RunAdmin(admin.ModelAdmin):
     def parent_link(self, run: Run) -> str:
         if not run.parent_id:
             return "-"
-        url = reverse(
-            self._urlname("change"), args=[run.parent_id], current_app=self.admin_site.name
-        )
+        url = run_url(run.parent_id, self.admin_site.name)
         return format_html('<a href="{}">{}</a>', url, run.parent_id)
 
     @admin.display(description=_("child runs"))
@@ -407,7 +409,7 @@ class RunAdmin(admin.ModelAdmin):
         if run is None:
             raise Http404(_("No run with the id %(id)s.") % {"id": unquote(object_id)})
         self.operate(request, [run], operation, *texts)
-        return HttpResponseRedirect(self.run_url(run.pk, "change"))
+        return HttpResponseRedirect(run_url(run.pk, self.admin_site.name))
 
     def operations(self, request: HttpRequest, run: Run) -> list[dict[str, str]]:
         """The buttons a run's page shows: *Cancel* for an active run, *Retry* for a failed
@@ -419,10 +421,10 @@ class RunAdmin(admin.ModelAdmin):
             shown.append({"name": "cancel", "label": _("Cancel run")})
         if run.status == RunStatus.FAILED:
             shown.append({"name": "retry", "label": _("Retry run")})
-        return [{**button, "url": self.run_url(run.pk, button["name"])} for button in shown]
-
-    def run_url(self, run_id: str, view: str) -> str:
-        return reverse(self._urlname(view), args=[quote(run_id)], current_app=self.admin_site.name)
+        return [
+            {**button, "url": run_url(run.pk, self.admin_site.name, button["name"])}
+            for button in shown
+        ]
 
     def render_change_form(
         self,
@@ -440,9 +442,12 @@ class RunAdmin(admin.ModelAdmin):
         description=_("Delete selected finished %(verbose_name_plural)s"), permissions=["delete"]
     )
     def delete_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> Any:
-        """Django's delete action, refused when a selected run is still active."""
+        """Django's delete action, refused when a selected run is still active, or below
+        an active run."""
+        refused = False
         active = list(queryset.filter(status__in=ACTIVE_STATUSES).values_list("pk", flat=True))
         if active:
+            refused = True
             self.message_user(
                 request,
                 ngettext(
@@ -455,8 +460,46 @@ class RunAdmin(admin.ModelAdmin):
                 % {"count": len(active), "names": named(active)},
                 messages.ERROR,
             )
-            return None
-        return django_delete_selected(self, request, queryset)
+        run_ids = queryset.exclude(pk__in=active).values_list("pk", flat=True)
+        for message in below_active_messages(runs_below_active(run_ids, queryset.db)):
+            refused = True
+            self.message_user(request, message, messages.ERROR)
+        return None if refused else django_delete_selected(self, request, queryset)
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Django's delete page, refused with the reason for a run below an active run."""
+        run_id = unquote(object_id)
+        if self.has_delete_permission(request):
+            below = runs_below_active([run_id], self.get_queryset(request).db)
+            if below:
+                for message in below_active_messages(below):
+                    self.message_user(request, message, messages.ERROR)
+                return HttpResponseRedirect(run_url(run_id, self.admin_site.name))
+        return super().delete_view(request, object_id, extra_context)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        """Delete through the store, which checks again, under locks, that each run and
+        its ancestry have finished."""
+        run_ids = list(queryset.values_list("pk", flat=True))
+        kept = sorted(set(run_ids) - set(OrmStore(using=queryset.db).delete_runs(run_ids)))
+        if kept:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d run was not deleted: it, or a run above it, became active "
+                    "meanwhile (%(names)s).",
+                    "%(count)d runs were not deleted: they, or runs above them, became "
+                    "active meanwhile (%(names)s).",
+                    len(kept),
+                )
+                % {"count": len(kept), "names": named(kept)},
+                messages.WARNING,
+            )
+
+    def delete_model(self, request: HttpRequest, obj: Run) -> None:
+        self.delete_queryset(request, Run.objects.using(obj._state.db).filter(pk=obj.pk))
 
     # the quota page ---------------------------------------------------------------------
 

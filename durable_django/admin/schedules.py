@@ -7,14 +7,13 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from ..engines import default_engine
 from ..models import Schedule
 from ..schedules import fire_now
-from .display import report
+from .display import report, run_url
 
 
 @admin.register(Schedule)
@@ -77,7 +76,7 @@ class ScheduleAdmin(admin.ModelAdmin):
     def last_run_link(self, schedule: Schedule) -> str:
         if not schedule.last_run_id:
             return "-"
-        url = reverse("admin:durable_django_run_change", args=[schedule.last_run_id])
+        url = run_url(schedule.last_run_id, self.admin_site.name)
         return format_html('<a href="{}">{}</a>', url, schedule.last_run_id)
 
     @admin.display(description="last error")

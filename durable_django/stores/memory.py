@@ -12,7 +12,8 @@ from typing import Any
 from django.utils import timezone
 
 from ..concurrency import TAG_PREFIX
-from ..status import RunStatus
+from ..retention import active_ancestors
+from ..status import TERMINAL_STATUSES, RunStatus
 from .base import NewRun, RunRecord, StepRecord
 
 
@@ -201,20 +202,39 @@ class MemoryStore:
         statuses: Collection[str],
         namespace: str | None,
         limit: int,
-    ) -> int:
+        after: str | None = None,
+    ) -> tuple[int, str | None]:
         with self._lock:
-            old = [
+            batch = sorted(
                 run.run_id
                 for run in self._runs.values()
                 if run.status in statuses
                 and run.finished_at is not None
                 and run.finished_at < finished_before
                 and (namespace is None or run.namespace == namespace)
-            ][:limit]
-            for run_id in old:
+                and (after is None or run.run_id > after)
+            )[:limit]
+            deleted = self.delete_runs(batch)
+        return len(deleted), batch[-1] if len(batch) == limit else None
+
+    def delete_runs(self, run_ids: Collection[str]) -> list[str]:
+        with self._lock:
+            batch = {
+                run.run_id: run.parent_id
+                for run in map(self._runs.get, run_ids)
+                if run is not None and run.status in TERMINAL_STATUSES
+            }
+
+            def read(ids: set[str]) -> dict[str, tuple[str, str | None]]:
+                found = (self._runs.get(run_id) for run_id in ids)
+                return {run.run_id: (run.status, run.parent_id) for run in found if run}
+
+            below_active = active_ancestors(batch, read)
+            deleted = [run_id for run_id in batch if run_id not in below_active]
+            for run_id in deleted:
                 del self._runs[run_id]
                 self._steps.pop(run_id, None)
-            return len(old)
+            return deleted
 
     def purge_signals(self, taken_before: datetime, limit: int) -> int:
         # A taken signal is not kept here: there is nothing to purge.
