@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -32,9 +32,9 @@ from django.db.backends.base.operations import BaseDatabaseOperations
 from django.utils import timezone
 
 from . import concurrency as quotas
-from .errors import ConcurrencyLimitError, DurableError
+from .errors import ConcurrencyLimitError, DurableError, UnstorableValueError
 from .limits import text_lengths
-from .serialization import json_copy, validate_text
+from .serialization import json_copy, text_problem, validate_text
 
 if TYPE_CHECKING:
     from .engines import Engine
@@ -101,24 +101,14 @@ def column_errors(fields: Mapping[str, Any]) -> dict[str, str]:
             errors[name] = (
                 f"{label} is {len(value)} characters long; its column holds {column.max_length}"
             )
-        elif kind in ("CharField", "TextField", "JSONField") and any(
-            "\x00" in text for text in _texts(value)
-        ):
-            errors[name] = f"{label} must not contain a NUL character (\\x00)"
+        elif isinstance(value, str) and (problem := text_problem(value)):
+            errors[name] = f"{label} cannot be stored: {problem}"
+        elif kind == "JSONField":
+            try:
+                json_copy(value, str(label))
+            except UnstorableValueError as error:
+                errors[name] = str(error)
     return errors
-
-
-def _texts(value: Any) -> Iterator[str]:
-    """Every str in a JSON value, keys included."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _texts(key)
-            yield from _texts(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from _texts(item)
 
 
 def zone(name: str) -> ZoneInfo:
