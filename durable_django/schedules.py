@@ -33,8 +33,8 @@ from django.utils import timezone
 
 from . import concurrency as quotas
 from .errors import ConcurrencyLimitError, DurableError, UnstorableValueError
-from .limits import text_lengths
-from .serialization import json_copy, text_problem, validate_text
+from .limits import MAX_ERROR_MESSAGE, text_lengths
+from .serialization import json_copy, storable_text, text_problem, validate_text
 
 if TYPE_CHECKING:
     from .engines import Engine
@@ -287,7 +287,7 @@ def sync_declared(engine: Engine) -> list[str]:
                 raise
             message = f"declaration on workflow {definition.name!r} not applied: {error}"
             logger.error("schedule %r: %s", spec.key, message)
-            Schedule.objects.filter(key=spec.key).update(last_error=message)
+            Schedule.objects.filter(key=spec.key).update(last_error=_storable(message))
     return left_alone
 
 
@@ -372,6 +372,12 @@ def fire(engine: Engine, schedule: Schedule, now: datetime.datetime) -> Firing:
     return _start_window(engine, schedule, window, window_run_id(schedule.key, window), now)
 
 
+def _storable(message: str) -> str:
+    """An error message as ``last_error`` holds it on every database (an error may quote
+    the very value the database refused)."""
+    return storable_text(message, MAX_ERROR_MESSAGE)
+
+
 def _park(schedule: Schedule, now: datetime.datetime, error: Exception) -> Firing:
     """Take a schedule whose timing cannot be computed off the due list (``next_due_at``
     empty, until a save of the row computes it again), recording why."""
@@ -382,7 +388,7 @@ def _park(schedule: Schedule, now: datetime.datetime, error: Exception) -> Firin
         f"correct it in the admin to schedule it again"
     )
     parked = Schedule.objects.filter(pk=schedule.pk, next_due_at=schedule.next_due_at).update(
-        next_due_at=None, last_error=message
+        next_due_at=None, last_error=_storable(message)
     )
     if parked:
         logger.error("schedule %r: %s", schedule.key, message)
@@ -419,7 +425,7 @@ def _start_window(
             f"window {window.isoformat()} skipped: concurrency key {error.key!r} has "
             f"{error.active} active run(s), limit is {error.limit}"
         )
-        Schedule.objects.filter(pk=schedule.pk).update(last_error=message)
+        Schedule.objects.filter(pk=schedule.pk).update(last_error=_storable(message))
         return Firing(schedule.key, window, None, message, refusal=error)
     except Exception as error:
         if not belongs_to_one_schedule(error, getattr(engine.store, "using", DEFAULT_DB_ALIAS)):
@@ -427,7 +433,7 @@ def _start_window(
         message = f"window {window.isoformat()} not started: {error}"
         if not isinstance(error, DurableError | TypeError | ValueError | LookupError):
             logger.error("schedule %r: %s", schedule.key, message, exc_info=error)
-        Schedule.objects.filter(pk=schedule.pk).update(last_error=message)
+        Schedule.objects.filter(pk=schedule.pk).update(last_error=_storable(message))
         return Firing(schedule.key, window, None, message)
     Schedule.objects.filter(pk=schedule.pk).update(
         last_fired_at=now, last_run_id=handle.run_id, last_error=""
