@@ -33,12 +33,12 @@ from datetime import datetime
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
 from ..concurrency import TAG_PREFIX, Quota
-from ..errors import ConcurrencyLimitError
+from ..errors import ConcurrencyLimitError, DurableError
 from ..models import QuotaLock, Run, RunTag, Signal, Step
 from ..status import RunStatus
 from .base import (
@@ -91,11 +91,16 @@ class OrmStore:
         """One transaction holding the key's lock until it ends.
 
         On PostgreSQL the transaction-scoped advisory lock ``durable_start_run`` takes
-        (so both paths serialise against each other); elsewhere the key's lock row,
-        written by an upsert.
+        (so both paths serialise against each other); on MySQL/MariaDB the lock of the
+        key's existing row (:meth:`_row_lock`); elsewhere the key's lock row, written by an
+        upsert.
         """
+        connection = connections[self.using]
+        if connection.vendor == "mysql":
+            with self._row_lock(key):
+                yield
+            return
         with transaction.atomic(using=self.using):
-            connection = connections[self.using]
             if connection.vendor == "postgresql":
                 with connection.cursor() as cursor:
                     cursor.execute(
@@ -113,6 +118,40 @@ class OrmStore:
             )
             yield
 
+    @contextlib.contextmanager
+    def _row_lock(self, key: str) -> Iterator[None]:
+        """A transaction holding the lock of the key's row, taken by an ``UPDATE`` of the
+        existing row, which locks that one record and no gap.
+
+        The row of a new key is inserted and committed before any start's transaction
+        locks it: an insert inside the start's transaction makes every concurrent starter
+        of the key wait with a gap lock, and when the insert is rolled back (as every
+        refused start is) those gap locks deadlock them. Outside a transaction of the
+        caller's the insert runs on this connection before the start's transaction
+        begins; inside one, on a connection of its own.
+        """
+        connection = connections[self.using]
+        rows = QuotaLock.objects.using(self.using).filter(key=key)
+        if connection.in_atomic_block:
+            with transaction.atomic(using=self.using):
+                if not rows.update(last_start_at=timezone.now()):
+                    own = type(connection)(connection.settings_dict, connection.alias)
+                    try:
+                        insert_lock_row(own, key)
+                    finally:
+                        own.close()
+                    _lock_inserted_row(rows, key)
+                yield
+            return
+        with transaction.atomic(using=self.using):
+            if rows.update(last_start_at=timezone.now()):
+                yield
+                return
+        insert_lock_row(connection, key)
+        with transaction.atomic(using=self.using):
+            _lock_inserted_row(rows, key)
+            yield
+
     # starting -----------------------------------------------------------------------
 
     def start_run(
@@ -123,8 +162,34 @@ class OrmStore:
         check_existing: bool,
         read_namespace: str | None,
     ) -> StartOutcome:
-        """Existing-run check, quota check and insert, as one transaction."""
-        if self.fast_path and connections[self.using].vendor == "postgresql":
+        """Existing-run check, quota check and insert, as one transaction.
+
+        A start the database chose as the victim of a deadlock is tried again, up to
+        :data:`START_ATTEMPTS` times in all, unless it ran inside a transaction of the
+        caller's, which the database rolled back whole: then the error is raised, with a
+        note saying so.
+        """
+        connection = connections[self.using]
+        attempt = 1
+        while True:
+            try:
+                return self._start(run, quota, check_existing, read_namespace)
+            except OperationalError as error:
+                if not is_deadlock(error) or attempt >= START_ATTEMPTS:
+                    raise
+                if connection.in_atomic_block:
+                    error.add_note(
+                        f"The start of run {run.run_id!r} was chosen as the victim of a "
+                        "deadlock: the database rolled back the whole transaction it ran in, "
+                        "the caller's. Run that transaction again from its beginning."
+                    )
+                    raise
+                attempt += 1
+
+    def _start(
+        self, run: NewRun, quota: Quota | None, check_existing: bool, read_namespace: str | None
+    ) -> StartOutcome:
+        if self._fast():
             return self._start_on_postgresql(run, quota, check_existing, read_namespace)
         try:
             return start_with_primitives(
@@ -563,6 +628,42 @@ class OrmStore:
             if ids:
                 signals.filter(pk__in=ids).delete()
         return len(ids)
+
+
+#: How many times a start is tried in all when the database breaks a deadlock by rolling
+#: it back (only outside a transaction of the caller's).
+START_ATTEMPTS = 3
+
+
+def is_deadlock(error: DatabaseError) -> bool:
+    """Whether the database rolled back the transaction to break a deadlock."""
+    cause = error.__cause__
+    if getattr(cause, "sqlstate", None) == "40P01":  # PostgreSQL's deadlock_detected
+        return True
+    return bool(error.args) and error.args[0] == 1213  # MySQL/MariaDB's ER_LOCK_DEADLOCK
+
+
+def insert_lock_row(connection: Any, key: str) -> None:
+    """Insert, on a MySQL/MariaDB ``connection`` in autocommit, the lock row of quota
+    ``key`` unless it exists.
+
+    The existence test is a consistent read, which waits for no lock; ``IGNORE`` covers
+    another starter inserting the same key at the same moment.
+    """
+    quote = connection.ops.quote_name
+    table, column = quote(QuotaLock._meta.db_table), quote("key")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT IGNORE INTO {table} ({column}, {quote('last_start_at')}) "
+            f"SELECT %s, %s FROM DUAL WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {table} WHERE {column} = %s)",
+            [key, connection.ops.adapt_datetimefield_value(timezone.now()), key],
+        )
+
+
+def _lock_inserted_row(rows: Any, key: str) -> None:
+    if not rows.update(last_start_at=timezone.now()):
+        raise DurableError(f"the lock row of quota key {key!r} was deleted while in use")
 
 
 #: The run's columns, in the order the PostgreSQL fast path reads them.
