@@ -539,7 +539,7 @@ class OrmStore:
     def set_quota_tag(self, run_id: str, tag: str | None) -> None:
         tags = RunTag.objects.using(self.using)
         with transaction.atomic(using=self.using, savepoint=False):
-            tags.filter(run_id=run_id, tag__startswith=TAG_PREFIX).exclude(tag=tag or "").delete()
+            tags.filter(quota_tags(self.using), run_id=run_id).exclude(tag=tag or "").delete()
             if tag is not None and not tags.filter(run_id=run_id, tag=tag).exists():
                 run = self._runs().only("status", "namespace").get(pk=run_id)
                 tags.create(run_id=run_id, tag=tag, status=run.status, namespace=run.namespace)
@@ -552,7 +552,7 @@ class OrmStore:
     ) -> dict[str, dict[str, int]]:
         """``{key: {workflow: runs}}`` for the quota keys holding runs in ``statuses``."""
         rows = RunTag.objects.using(self.using).filter(
-            tag__startswith=TAG_PREFIX, status__in=list(statuses)
+            quota_tags(self.using), status__in=list(statuses)
         )
         if namespace is not None:
             rows = rows.filter(namespace=namespace)
@@ -628,6 +628,24 @@ class OrmStore:
             if ids:
                 signals.filter(pk__in=ids).delete()
         return len(ids)
+
+
+#: The text just after every tag of a quota key in byte order: the prefix's last
+#: character is followed by the next one.
+_TAG_PREFIX_END = TAG_PREFIX[:-1] + chr(ord(TAG_PREFIX[-1]) + 1)
+
+
+def quota_tags(using: str) -> Q:
+    """The tags of quota keys: those starting with :data:`TAG_PREFIX`, byte for byte.
+
+    Django's ``startswith`` is a ``LIKE``, case-sensitive on PostgreSQL and MySQL/MariaDB
+    but not on SQLite, whose ``LIKE`` ignores the case of ASCII letters. There it is the
+    range of tags that byte order (SQLite's ``BINARY`` collation) puts from the prefix
+    up to :data:`_TAG_PREFIX_END`, which is also a range of the index on ``tag``.
+    """
+    if connections[using].vendor == "sqlite":
+        return Q(tag__gte=TAG_PREFIX, tag__lt=_TAG_PREFIX_END)
+    return Q(tag__startswith=TAG_PREFIX)
 
 
 #: How many times a start is tried in all when the database breaks a deadlock by rolling
