@@ -586,7 +586,8 @@ class OrmStore:
 
     def runs_waiting_on_signal(self, token: str) -> list[RunRecord]:
         rows = self._runs().filter(status=RunStatus.SUSPENDED, wait__signal=token)
-        return [_record(row, tags=[]) for row in rows]
+        # MySQL/MariaDB compare the strings of a JSON column ignoring trailing spaces.
+        return [_record(row, tags=[]) for row in rows if row.wait.get("signal") == token]
 
     # retention ----------------------------------------------------------------------
 
