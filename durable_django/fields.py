@@ -7,7 +7,7 @@ from typing import Any
 from django.db import models
 
 
-class ExactCharField(models.CharField):  # type: ignore[type-arg]
+class ExactCharField(models.CharField):
     """A ``CharField`` compared byte for byte on every database: neither case, nor accents,
     nor trailing spaces are ignored.
 

@@ -334,7 +334,7 @@ class Schedule(models.Model):
 
 
 class QuotaLock(models.Model):
-    """One row per quota key, locked by an upsert to serialise starts of that key."""
+    """One row per quota key, locked to serialise starts of that key."""
 
     key = ExactCharField(primary_key=True, max_length=255)
     last_start_at = models.DateTimeField(default=timezone.now)

@@ -5,11 +5,14 @@ Starts take one of two paths:
 - on PostgreSQL, one call of the ``durable_start_run`` function (installed by the
   migrations): advisory lock on the key, existing-run check, count and inserts in a single
   round trip;
-- elsewhere (SQLite, MySQL/MariaDB), the portable path: an upsert of the key's
-  ``QuotaLock`` row (which takes the row's write lock, or SQLite's database write lock),
-  then the existing-run check, the count and the inserts, all in one transaction. On
-  PostgreSQL the portable path (``fast_path=False``, and retries) takes the function's
-  advisory lock instead, so the two paths serialise against each other.
+- elsewhere (SQLite, MySQL/MariaDB), the portable path: the lock of the key's
+  ``QuotaLock`` row (on SQLite an upsert, which takes the database's write lock; on
+  MySQL/MariaDB an ``UPDATE`` of the row, inserted and committed beforehand when the key
+  is new), then the existing-run check, the count and the inserts, all in one
+  transaction. On PostgreSQL the portable path (``fast_path=False``, and retries) takes
+  the function's advisory lock instead, so the two paths serialise against each other.
+
+A start the database rolls back to break a deadlock is tried again (``start_run``).
 
 Executing runs has a PostgreSQL fast path too (``fast_path=True``): a status change
 (``transition``) is one statement updating the run and its tags together; a claim
