@@ -135,7 +135,7 @@ class OrmStore:
         """
         connection = connections[self.using]
         rows = QuotaLock.objects.using(self.using).filter(key=key)
-        if connection.in_atomic_block:
+        if in_callers_transaction(connection):
             with transaction.atomic(using=self.using):
                 if not rows.update(last_start_at=timezone.now()):
                     own = type(connection)(connection.settings_dict, connection.alias)
@@ -180,7 +180,7 @@ class OrmStore:
             except OperationalError as error:
                 if not is_deadlock(error) or attempt >= START_ATTEMPTS:
                     raise
-                if connection.in_atomic_block:
+                if in_callers_transaction(connection):
                     error.add_note(
                         f"The start of run {run.run_id!r} was chosen as the victim of a "
                         "deadlock: the database rolled back the whole transaction it ran in, "
@@ -663,6 +663,12 @@ def is_deadlock(error: DatabaseError) -> bool:
     if getattr(cause, "sqlstate", None) == "40P01":  # PostgreSQL's deadlock_detected
         return True
     return bool(error.args) and error.args[0] == 1213  # MySQL/MariaDB's ER_LOCK_DEADLOCK
+
+
+def in_callers_transaction(connection: Any) -> bool:
+    """Whether a transaction of the caller's is open on ``connection``: an ``atomic()``
+    block, or a connection without autocommit."""
+    return connection.in_atomic_block or not connection.get_autocommit()
 
 
 def insert_lock_row(connection: Any, key: str) -> None:
