@@ -675,23 +675,30 @@ def insert_lock_row(connection: Any, key: str) -> None:
     """Insert, on a MySQL/MariaDB ``connection`` in autocommit, the lock row of quota
     ``key`` unless it exists.
 
-    The existence test is a consistent read, which waits for no lock; ``IGNORE`` covers
-    another starter inserting the same key at the same moment.
+    The existence test is a consistent read, which waits for no lock. When another
+    starter inserts the same key at the same moment, one of the two inserts fails as a
+    duplicate, and the row is there all the same.
     """
     quote = connection.ops.quote_name
     table, column = quote(QuotaLock._meta.db_table), quote("key")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT IGNORE INTO {table} ({column}, {quote('last_start_at')}) "
-            f"SELECT %s, %s FROM DUAL WHERE NOT EXISTS "
-            f"(SELECT 1 FROM {table} WHERE {column} = %s)",
-            [key, connection.ops.adapt_datetimefield_value(timezone.now()), key],
-        )
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} ({column}, {quote('last_start_at')}) "
+                f"SELECT %s, %s FROM DUAL WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {table} WHERE {column} = %s)",
+                [key, connection.ops.adapt_datetimefield_value(timezone.now()), key],
+            )
+    except IntegrityError:
+        pass
 
 
 def _lock_inserted_row(rows: Any, key: str) -> None:
     if not rows.update(last_start_at=timezone.now()):
-        raise DurableError(f"the lock row of quota key {key!r} was deleted while in use")
+        raise DurableError(
+            f"quota key {key!r} has no lock row although one was just inserted: "
+            "durable_quota_lock rows must not be deleted"
+        )
 
 
 #: The run's columns, in the order the PostgreSQL fast path reads them.
