@@ -309,3 +309,75 @@ def check_schedules(
                 )
             )
     return messages
+
+
+#: The migration that gives the columns holding ids and keys their binary collation.
+BINARY_COLLATION_MIGRATION = ("durable_django", "0009_binary_collation")
+
+
+@checks.register(checks.Tags.database)
+def check_collations(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Refuse, on MySQL/MariaDB (``check --database``, and ``migrate``), columns holding
+    run ids and keys that compare without regard to case, accents or trailing spaces."""
+    from django.db import connections
+
+    return [error for alias in databases or () for error in collation_errors(connections[alias])]
+
+
+def collation_errors(connection: Any) -> list[checks.CheckMessage]:
+    """The messages :func:`check_collations` gives for one database connection.
+
+    Only once migration 0009 is recorded as applied (before, ``migrate`` installs the
+    collations): a column without the collation its field asks for was created otherwise,
+    or the migration was faked.
+    """
+    if connection.vendor != "mysql":
+        return []
+    from django.apps import apps
+    from django.db import DatabaseError
+    from django.db.migrations.recorder import MigrationRecorder
+
+    try:
+        if BINARY_COLLATION_MIGRATION not in MigrationRecorder(connection).applied_migrations():
+            return []
+        expected = {
+            (model._meta.db_table, field.column): collation
+            for model in apps.get_app_config("durable_django").get_models()
+            for field in model._meta.local_fields
+            if (collation := field.db_parameters(connection).get("collation"))
+        }
+        tables = sorted({table for table, _ in expected})
+        placeholders = ", ".join(["%s"] * len(tables))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT TABLE_NAME, COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+                f"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ({placeholders})",
+                tables,
+            )
+            found = {(table, column): collation for table, column, collation in cursor.fetchall()}
+    except DatabaseError:
+        return []  # not migrated, or not reachable: Django's own checks say so
+    wrong = [
+        f"{table}.{column} ({found[table, column]})"
+        for (table, column), collation in expected.items()
+        if (table, column) in found and found[table, column] != collation
+    ]
+    if not wrong:
+        return []
+    wanted = ", ".join(sorted(set(expected.values())))
+    return [
+        checks.Error(
+            f"database {connection.alias!r}: columns holding run ids, quota keys, tags, "
+            "workflow names, namespaces, signal tokens or schedule keys compare without "
+            f"regard to case, accents or trailing spaces: {', '.join(wrong)}",
+            hint=(
+                f"They need the binary, no-pad collation {wanted} that migration "
+                "durable_django 0009 gives them, but it is recorded as applied: run it "
+                "again with `python manage.py migrate durable_django 0008 --skip-checks` "
+                "then `python manage.py migrate durable_django`."
+            ),
+            id="durable_django.E004",
+        )
+    ]

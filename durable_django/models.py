@@ -10,6 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils import timezone as django_timezone
 
+from .fields import ExactCharField
 from .status import RunStatus
 
 
@@ -28,10 +29,10 @@ class RunQuerySet(models.QuerySet["Run"]):
 class Run(models.Model):
     """One execution of a workflow, from its start to its end."""
 
-    id = models.CharField(primary_key=True, max_length=255, verbose_name="run id")
-    workflow = models.CharField(max_length=200, help_text="The workflow's registered name.")
+    id = ExactCharField(primary_key=True, max_length=255, verbose_name="run id")
+    workflow = ExactCharField(max_length=200, help_text="The workflow's registered name.")
     version = models.CharField(max_length=64, help_text="The workflow version that started it.")
-    namespace = models.CharField(max_length=100, default="default")
+    namespace = ExactCharField(max_length=100, default="default")
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
     queue = models.CharField(
         max_length=200, blank=True, default="", help_text="Celery queue; empty for the default."
@@ -40,9 +41,7 @@ class Run(models.Model):
     output = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     # NULL, not "", for a run without a parent: it is a reference, not text.
-    parent_id = models.CharField(  # noqa: DJ001
-        max_length=255, null=True, blank=True, db_index=True
-    )
+    parent_id = ExactCharField(max_length=255, null=True, blank=True, db_index=True)
     blocked_reason = models.TextField(blank=True, default="")
     attempt = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now)
@@ -122,13 +121,13 @@ class RunTag(models.Model):
 
     # No index of its own: the unique (run, tag) constraint's index leads with the run.
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tag_rows", db_index=False)
-    tag = models.CharField(max_length=255)
+    tag = ExactCharField(max_length=255)
     status = models.CharField(
         max_length=16,
         choices=RunStatus.choices,
         help_text="Copy of the run's status, changed in the same transaction.",
     )
-    namespace = models.CharField(max_length=100, help_text="Copy of the run's namespace.")
+    namespace = ExactCharField(max_length=100, help_text="Copy of the run's namespace.")
 
     objects = RunTagQuerySet.as_manager()
 
@@ -174,10 +173,10 @@ class Step(models.Model):
 class Signal(models.Model):
     """A payload sent to a token, kept until a run waiting on that token takes it."""
 
-    token = models.CharField(max_length=255)
+    token = ExactCharField(max_length=255)
     payload = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
-    consumed_by = models.CharField(
+    consumed_by = ExactCharField(
         max_length=255, blank=True, default="", db_default="", help_text="The run that took it."
     )
     consumed_at = models.DateTimeField(null=True, blank=True)
@@ -224,8 +223,8 @@ class Schedule(models.Model):
         CODE = "code", "Declared in code"
         ADMIN = "admin", "Edited in the admin"
 
-    key = models.CharField(max_length=200, unique=True, help_text="Stable name of the schedule.")
-    workflow = models.CharField(max_length=200, help_text="The registered workflow to start.")
+    key = ExactCharField(max_length=200, unique=True, help_text="Stable name of the schedule.")
+    workflow = ExactCharField(max_length=200, help_text="The registered workflow to start.")
     input = models.JSONField(null=True, blank=True, help_text="The input of every run.")
     cron = models.CharField(
         max_length=200, blank=True, default="", help_text="Five-field cron expression."
@@ -237,7 +236,7 @@ class Schedule(models.Model):
         null=True, blank=True, help_text="Fire every this many seconds (instead of cron)."
     )
     enabled = models.BooleanField(default=True)
-    concurrency_key = models.CharField(
+    concurrency_key = ExactCharField(
         max_length=200,
         blank=True,
         default="",
@@ -255,7 +254,7 @@ class Schedule(models.Model):
     )
     next_due_at = models.DateTimeField(null=True, blank=True)
     last_fired_at = models.DateTimeField(null=True, blank=True)
-    last_run_id = models.CharField(max_length=255, blank=True, default="")
+    last_run_id = ExactCharField(max_length=255, blank=True, default="")
     last_error = models.TextField(blank=True, default="")
     # The ``timezone`` field above hides django.utils.timezone in this class body.
     created_at = models.DateTimeField(default=django_timezone.now)
@@ -358,9 +357,9 @@ class Schedule(models.Model):
 
 
 class QuotaLock(models.Model):
-    """One row per quota key, locked by an upsert to serialise starts of that key."""
+    """One row per quota key, locked to serialise starts of that key."""
 
-    key = models.CharField(primary_key=True, max_length=255)
+    key = ExactCharField(primary_key=True, max_length=255)
     last_start_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -21,6 +21,7 @@ from durable_django.checks import (
     broker_errors,
     celery_warnings,
     check_celery,
+    check_collations,
     check_databases,
     check_settings,
     check_workflows,
@@ -69,6 +70,14 @@ def test_read_committed_is_fine():
 
 def test_the_suite_databases_pass():
     assert check_databases() == []
+
+
+@pytest.mark.django_db
+def test_the_suite_database_has_the_collations_of_ids_and_keys():
+    """On MySQL/MariaDB the migrations gave them; elsewhere there is nothing to check.
+    (``test_exact_comparison`` shows the error.)"""
+    assert check_collations(databases=["default"]) == []
+    assert check_collations() == []  # only with ``--database``
 
 
 def test_unknown_durable_settings_are_errors():

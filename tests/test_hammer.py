@@ -9,6 +9,7 @@ Runs on every database the suite supports (``DURABLE_TEST_DB``).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import queue
 import threading
@@ -18,11 +19,13 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
+from django.utils import timezone
 
 from durable_django import ConcurrencyLimitError
-from durable_django.models import QuotaLock, Run, RunTag
+from durable_django.models import QuotaLock, Run, RunTag, Signal
 from durable_django.status import RunStatus
+from durable_django.stores.orm import ADVISORY_LOCK_PREFIX, is_deadlock
 from tests.hammer_worker import (
     WORKFLOW,
     Outcome,
@@ -81,8 +84,10 @@ def assert_no_errors(outcomes: list[Outcome]) -> None:
     assert not errors, "\n\n".join(f"{o.starter} (trial {o.trial}):\n{o.detail}" for o in errors)
 
 
-def assert_trials(outcomes: list[Outcome], keys: list[str], starters: int) -> None:
-    """Each trial admitted exactly ``LIMIT`` starters, refused the rest, stored ``LIMIT`` runs."""
+def assert_trials(
+    outcomes: list[Outcome], keys: list[str], starters: int, limit: int = LIMIT
+) -> None:
+    """Each trial admitted exactly ``limit`` starters, refused the rest, stored ``limit`` runs."""
     assert_no_errors(outcomes)
     by_trial: dict[int, list[Outcome]] = defaultdict(list)
     for outcome in outcomes:
@@ -92,13 +97,14 @@ def assert_trials(outcomes: list[Outcome], keys: list[str], starters: int) -> No
         results = by_trial[trial]
         kinds = Counter(o.kind for o in results)
         assert len(results) == starters, f"trial {trial}: {len(results)} outcomes"
-        assert kinds == {"created": LIMIT, "refused": starters - LIMIT}, f"trial {trial}: {kinds}"
+        expected = Counter(created=limit, refused=starters - limit)
+        assert kinds == expected, f"trial {trial}: {kinds}"
         for refused in (o for o in results if o.kind == "refused"):
             assert (refused.workflow, refused.key, refused.limit, refused.active) == (
                 WORKFLOW,
                 key,
-                LIMIT,
-                LIMIT,
+                limit,
+                limit,
             ), f"trial {trial}: {refused}"
         created = {o.run_id for o in results if o.kind == "created"}
         assert_stored(key, created)
@@ -133,8 +139,36 @@ def test_threads_released_together_admit_exactly_the_limit(fast_path: bool) -> N
     assert RunTag.objects.count() == LIMIT * TRIALS
 
 
+#: Starters and trials of the hammer on brand-new keys at small limits.
+FRESH_THREADS = 16
+FRESH_TRIALS = 40
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("limit", [0, 1])
+@pytest.mark.parametrize("fast_path", STORES)
+def test_starts_on_brand_new_keys_create_or_are_refused(fast_path: bool, limit: int) -> None:
+    """Every start of a key no start has locked before either creates a run or raises
+    ``ConcurrencyLimitError``, never a database error (such as a deadlock), and never more
+    than ``limit`` are created. With limit 0 every start is refused, so nothing any of
+    them wrote is ever committed."""
+    engine = make_engine(fast_path)
+    keys = fresh_keys(FRESH_TRIALS)
+    barrier = threading.Barrier(FRESH_THREADS)
+
+    outcomes = run_threads(engine, "n", keys, limit, FRESH_THREADS, barrier, PATIENCE)
+
+    assert_trials(outcomes, keys, FRESH_THREADS, limit)
+    assert Run.objects.count() == limit * FRESH_TRIALS
+
+
 def _start_in_open_transaction(
-    engine: Any, name: str, keys: list[str], barrier: threading.Barrier, out: list[Outcome]
+    engine: Any,
+    name: str,
+    keys: list[str],
+    limit: int,
+    barrier: threading.Barrier,
+    out: list[Outcome],
 ) -> None:
     """A starter inside a transaction that has already read, as under ``ATOMIC_REQUESTS``.
 
@@ -151,7 +185,7 @@ def _start_in_open_transaction(
                 Run.objects.filter(tag_rows__tag=tag_of(key)).count()
                 if not on_sqlite:
                     barrier.wait(PATIENCE)
-                out.append(start_once(engine, trial, name, key, LIMIT))
+                out.append(start_once(engine, trial, name, key, limit))
     except Exception as error:
         out.append(Outcome(-1, name, "error", detail=repr(error)))
         barrier.abort()
@@ -160,15 +194,18 @@ def _start_in_open_transaction(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("limit", [LIMIT, 0])
 @pytest.mark.parametrize("fast_path", STORES)
-def test_starts_inside_transactions_that_already_read(fast_path: bool) -> None:
+def test_starts_inside_transactions_that_already_read(fast_path: bool, limit: int) -> None:
+    """Also at limit 0, where every start is refused, on keys never started before."""
     engine = make_engine(fast_path)
     keys = fresh_keys(TRIALS // 2)
     barrier = threading.Barrier(THREADS // 2)
     outcomes: list[Outcome] = []
     threads = [
         threading.Thread(
-            target=_start_in_open_transaction, args=(engine, f"a{n}", keys, barrier, outcomes)
+            target=_start_in_open_transaction,
+            args=(engine, f"a{n}", keys, limit, barrier, outcomes),
         )
         for n in range(THREADS // 2)
     ]
@@ -177,7 +214,7 @@ def test_starts_inside_transactions_that_already_read(fast_path: bool) -> None:
     for thread in threads:
         thread.join()
 
-    assert_trials(outcomes, keys, THREADS // 2)
+    assert_trials(outcomes, keys, THREADS // 2, limit)
 
 
 # the process hammer --------------------------------------------------------------------
@@ -394,6 +431,125 @@ def test_a_start_of_the_same_key_waits_then_counts_the_commit(fast_path: bool, k
     assert outcome is not None and outcome.kind == "refused", outcome
     assert (outcome.key, outcome.limit, outcome.active) == (key, limit, limit)
     assert engine.count_runs(tag=tag_of(key)) == limit
+
+
+# a start chosen as the victim of a deadlock ------------------------------------------------
+
+
+class RunIdHolder(threading.Thread):
+    """A transaction of its own that inserts run ``run_id`` (and many other rows, so that
+    the database picks the other side of a deadlock as its victim), then, once told to,
+    takes the lock of quota ``key`` as a start would, and commits."""
+
+    def __init__(self, run_id: str, key: str) -> None:
+        super().__init__(name="run-id-holder")
+        self.run_id, self.key = run_id, key
+        self.inserted = threading.Event()
+        self.take_key = threading.Event()
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                if on_postgresql:
+                    # PostgreSQL rolls back the waiter whose deadlock check runs first:
+                    # make it the start's.
+                    cursor.execute("SET LOCAL deadlock_timeout = '60s'")
+                Run.objects.create(id=self.run_id, workflow=WORKFLOW, version="1", input={})
+                Signal.objects.bulk_create(Signal(token=f"weight:{n}") for n in range(200))
+                self.inserted.set()
+                assert self.take_key.wait(PATIENCE), "never told to take the key"
+                if on_postgresql:
+                    cursor.execute(
+                        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                        [ADVISORY_LOCK_PREFIX + self.key],
+                    )
+                else:
+                    QuotaLock.objects.filter(key=self.key).update(last_start_at=timezone.now())
+        except BaseException as error:
+            self.failure = error
+        finally:
+            self.inserted.set()
+            connection.close()
+
+
+class DeadlockedStarter(threading.Thread):
+    """Starts run ``run_id`` under ``key``, inside a transaction of its own or not."""
+
+    def __init__(self, engine: Any, run_id: str, key: str, inside_transaction: bool) -> None:
+        super().__init__(name="deadlocked-starter")
+        self.engine, self.run_id, self.key = engine, run_id, key
+        self.inside_transaction = inside_transaction
+        self.ready = threading.Event()
+        self.session: int | None = None
+        self.handle: Any = None
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.session = _session_id()
+            if on_postgresql:
+                # Its deadlock check must come after the holder waits for the key: it
+                # runs once per wait, after deadlock_timeout.
+                with connection.cursor() as cursor:
+                    cursor.execute("SET deadlock_timeout = '5s'")
+            self.ready.set()
+            with transaction.atomic() if self.inside_transaction else contextlib.nullcontext():
+                self.handle = self.engine.start(
+                    WORKFLOW, {}, run_id=self.run_id, concurrency={"key": self.key, "limit": LIMIT}
+                )
+        except BaseException as error:
+            self.failure = error
+        finally:
+            self.ready.set()
+            connection.close()
+
+
+@server_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "inside_transaction", [False, True], ids=["own-transaction", "caller-transaction"]
+)
+@pytest.mark.parametrize("fast_path", STORES)
+def test_a_start_chosen_as_the_victim_of_a_deadlock(
+    fast_path: bool, inside_transaction: bool
+) -> None:
+    """The start holds the key's lock and waits for the run id another transaction is
+    inserting; that transaction then waits for the key: a deadlock, which the database
+    breaks by rolling back the start. Tried again, the start finds the other's run.
+    Inside a transaction of the caller's, rolled back whole, the error is raised with a
+    note saying so."""
+    engine = make_engine(fast_path)
+    key = fresh_keys(1)[0]
+    assert start_once(engine, 0, "before", key, LIMIT).kind == "created"  # the key is known
+    run_id = f"deadlock:{uuid.uuid4().hex}"
+    holder = RunIdHolder(run_id, key)
+    starter = DeadlockedStarter(engine, run_id, key, inside_transaction)
+    try:
+        holder.start()
+        assert holder.inserted.wait(PATIENCE) and holder.failure is None, holder.failure
+        starter.start()
+        assert starter.ready.wait(PATIENCE) and starter.session is not None
+        deadline = time.monotonic() + PATIENCE
+        while not _is_waiting_on_a_lock(starter.session):
+            assert starter.is_alive(), f"the start did not wait: {starter.failure!r}"
+            assert time.monotonic() < deadline, "the start never waited for the run id"
+            time.sleep(0.1)
+        holder.take_key.set()
+    finally:
+        holder.take_key.set()
+        holder.join(PATIENCE)
+        starter.join(PATIENCE)
+    # The holder got the key: the database rolled back the start, not the holder.
+    assert holder.failure is None, holder.failure
+    if inside_transaction:
+        error = starter.failure
+        assert isinstance(error, OperationalError) and is_deadlock(error), repr(error)
+        assert "rolled back the whole transaction it ran in" in "".join(error.__notes__)
+    else:
+        assert starter.failure is None, starter.failure
+        assert (starter.handle.run_id, starter.handle.created) == (run_id, False)
+    assert list(Run.objects.filter(pk=run_id).values_list("workflow", "input")) == [(WORKFLOW, {})]
 
 
 # idempotent re-starts under contention ---------------------------------------------------

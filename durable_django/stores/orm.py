@@ -5,11 +5,14 @@ Starts take one of two paths:
 - on PostgreSQL, one call of the ``durable_start_run`` function (installed by the
   migrations): advisory lock on the key, existing-run check, count and inserts in a single
   round trip;
-- elsewhere (SQLite, MySQL/MariaDB), the portable path: an upsert of the key's
-  ``QuotaLock`` row (which takes the row's write lock, or SQLite's database write lock),
-  then the existing-run check, the count and the inserts, all in one transaction. On
-  PostgreSQL the portable path (``fast_path=False``, and retries) takes the function's
-  advisory lock instead, so the two paths serialise against each other.
+- elsewhere (SQLite, MySQL/MariaDB), the portable path: the lock of the key's
+  ``QuotaLock`` row (on SQLite an upsert, which takes the database's write lock; on
+  MySQL/MariaDB an ``UPDATE`` of the row, inserted and committed beforehand when the key
+  is new), then the existing-run check, the count and the inserts, all in one
+  transaction. On PostgreSQL the portable path (``fast_path=False``, and retries) takes
+  the function's advisory lock instead, so the two paths serialise against each other.
+
+A start the database rolls back to break a deadlock is tried again (``start_run``).
 
 Executing runs has a PostgreSQL fast path too (``fast_path=True``): a status change
 (``transition``) is one statement updating the run and its tags together; a claim
@@ -33,12 +36,12 @@ from datetime import datetime
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
 from ..concurrency import TAG_PREFIX, Quota
-from ..errors import ConcurrencyLimitError
+from ..errors import ConcurrencyLimitError, DurableError
 from ..models import QuotaLock, Run, RunTag, Signal, Step
 from ..retention import active_ancestors
 from ..status import TERMINAL_STATUSES, RunStatus
@@ -92,11 +95,16 @@ class OrmStore:
         """One transaction holding the key's lock until it ends.
 
         On PostgreSQL the transaction-scoped advisory lock ``durable_start_run`` takes
-        (so both paths serialise against each other); elsewhere the key's lock row,
-        written by an upsert.
+        (so both paths serialise against each other); on MySQL/MariaDB the lock of the
+        key's existing row (:meth:`_row_lock`); elsewhere the key's lock row, written by an
+        upsert.
         """
+        connection = connections[self.using]
+        if connection.vendor == "mysql":
+            with self._row_lock(key):
+                yield
+            return
         with transaction.atomic(using=self.using):
-            connection = connections[self.using]
             if connection.vendor == "postgresql":
                 with connection.cursor() as cursor:
                     cursor.execute(
@@ -114,6 +122,40 @@ class OrmStore:
             )
             yield
 
+    @contextlib.contextmanager
+    def _row_lock(self, key: str) -> Iterator[None]:
+        """A transaction holding the lock of the key's row, taken by an ``UPDATE`` of the
+        existing row, which locks that one record and no gap.
+
+        The row of a new key is inserted and committed before any start's transaction
+        locks it: an insert inside the start's transaction makes every concurrent starter
+        of the key wait with a gap lock, and when the insert is rolled back (as every
+        refused start is) those gap locks deadlock them. Outside a transaction of the
+        caller's the insert runs on this connection before the start's transaction
+        begins; inside one, on a connection of its own.
+        """
+        connection = connections[self.using]
+        rows = QuotaLock.objects.using(self.using).filter(key=key)
+        if in_callers_transaction(connection):
+            with transaction.atomic(using=self.using):
+                if not rows.update(last_start_at=timezone.now()):
+                    own = type(connection)(connection.settings_dict, connection.alias)
+                    try:
+                        insert_lock_row(own, key)
+                    finally:
+                        own.close()
+                    _lock_inserted_row(rows, key)
+                yield
+            return
+        with transaction.atomic(using=self.using):
+            if rows.update(last_start_at=timezone.now()):
+                yield
+                return
+        insert_lock_row(connection, key)
+        with transaction.atomic(using=self.using):
+            _lock_inserted_row(rows, key)
+            yield
+
     # starting -----------------------------------------------------------------------
 
     def start_run(
@@ -124,8 +166,34 @@ class OrmStore:
         check_existing: bool,
         read_namespace: str | None,
     ) -> StartOutcome:
-        """Existing-run check, quota check and insert, as one transaction."""
-        if self.fast_path and connections[self.using].vendor == "postgresql":
+        """Existing-run check, quota check and insert, as one transaction.
+
+        A start the database chose as the victim of a deadlock is tried again, up to
+        :data:`START_ATTEMPTS` times in all, unless it ran inside a transaction of the
+        caller's, which the database rolled back whole: then the error is raised, with a
+        note saying so.
+        """
+        connection = connections[self.using]
+        attempt = 1
+        while True:
+            try:
+                return self._start(run, quota, check_existing, read_namespace)
+            except OperationalError as error:
+                if not is_deadlock(error) or attempt >= START_ATTEMPTS:
+                    raise
+                if in_callers_transaction(connection):
+                    error.add_note(
+                        f"The start of run {run.run_id!r} was chosen as the victim of a "
+                        "deadlock: the database rolled back the whole transaction it ran in, "
+                        "the caller's. Run that transaction again from its beginning."
+                    )
+                    raise
+                attempt += 1
+
+    def _start(
+        self, run: NewRun, quota: Quota | None, check_existing: bool, read_namespace: str | None
+    ) -> StartOutcome:
+        if self._fast():
             return self._start_on_postgresql(run, quota, check_existing, read_namespace)
         try:
             return start_with_primitives(
@@ -475,7 +543,7 @@ class OrmStore:
     def set_quota_tag(self, run_id: str, tag: str | None) -> None:
         tags = RunTag.objects.using(self.using)
         with transaction.atomic(using=self.using, savepoint=False):
-            tags.filter(run_id=run_id, tag__startswith=TAG_PREFIX).exclude(tag=tag or "").delete()
+            tags.filter(quota_tags(self.using), run_id=run_id).exclude(tag=tag or "").delete()
             if tag is not None and not tags.filter(run_id=run_id, tag=tag).exists():
                 run = self._runs().only("status", "namespace").get(pk=run_id)
                 tags.create(run_id=run_id, tag=tag, status=run.status, namespace=run.namespace)
@@ -488,7 +556,7 @@ class OrmStore:
     ) -> dict[str, dict[str, int]]:
         """``{key: {workflow: runs}}`` for the quota keys holding runs in ``statuses``."""
         rows = RunTag.objects.using(self.using).filter(
-            tag__startswith=TAG_PREFIX, status__in=list(statuses)
+            quota_tags(self.using), status__in=list(statuses)
         )
         if namespace is not None:
             rows = rows.filter(namespace=namespace)
@@ -522,7 +590,8 @@ class OrmStore:
 
     def runs_waiting_on_signal(self, token: str) -> list[RunRecord]:
         rows = self._runs().filter(status=RunStatus.SUSPENDED, wait__signal=token)
-        return [_record(row, tags=[]) for row in rows]
+        # MySQL/MariaDB compare the strings of a JSON column ignoring trailing spaces.
+        return [_record(row, tags=[]) for row in rows if row.wait.get("signal") == token]
 
     # retention ----------------------------------------------------------------------
 
@@ -608,6 +677,73 @@ class OrmStore:
             if ids:
                 signals.filter(pk__in=ids).delete()
         return len(ids)
+
+
+#: The text just after every tag of a quota key in byte order: the prefix's last
+#: character is followed by the next one.
+_TAG_PREFIX_END = TAG_PREFIX[:-1] + chr(ord(TAG_PREFIX[-1]) + 1)
+
+
+def quota_tags(using: str) -> Q:
+    """The tags of quota keys: those starting with :data:`TAG_PREFIX`, byte for byte.
+
+    Django's ``startswith`` is a ``LIKE``, case-sensitive on PostgreSQL and MySQL/MariaDB
+    but not on SQLite, whose ``LIKE`` ignores the case of ASCII letters. There it is the
+    range of tags that byte order (SQLite's ``BINARY`` collation) puts from the prefix
+    up to :data:`_TAG_PREFIX_END`, which is also a range of the index on ``tag``.
+    """
+    if connections[using].vendor == "sqlite":
+        return Q(tag__gte=TAG_PREFIX, tag__lt=_TAG_PREFIX_END)
+    return Q(tag__startswith=TAG_PREFIX)
+
+
+#: How many times a start is tried in all when the database breaks a deadlock by rolling
+#: it back (only outside a transaction of the caller's).
+START_ATTEMPTS = 3
+
+
+def is_deadlock(error: DatabaseError) -> bool:
+    """Whether the database rolled back the transaction to break a deadlock."""
+    cause = error.__cause__
+    if getattr(cause, "sqlstate", None) == "40P01":  # PostgreSQL's deadlock_detected
+        return True
+    return bool(error.args) and error.args[0] == 1213  # MySQL/MariaDB's ER_LOCK_DEADLOCK
+
+
+def in_callers_transaction(connection: Any) -> bool:
+    """Whether a transaction of the caller's is open on ``connection``: an ``atomic()``
+    block, or a connection without autocommit."""
+    return connection.in_atomic_block or not connection.get_autocommit()
+
+
+def insert_lock_row(connection: Any, key: str) -> None:
+    """Insert, on a MySQL/MariaDB ``connection`` in autocommit, the lock row of quota
+    ``key`` unless it exists.
+
+    The existence test is a consistent read, which waits for no lock. When another
+    starter inserts the same key at the same moment, one of the two inserts fails as a
+    duplicate, and the row is there all the same.
+    """
+    quote = connection.ops.quote_name
+    table, column = quote(QuotaLock._meta.db_table), quote("key")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} ({column}, {quote('last_start_at')}) "
+                f"SELECT %s, %s FROM DUAL WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {table} WHERE {column} = %s)",
+                [key, connection.ops.adapt_datetimefield_value(timezone.now()), key],
+            )
+    except IntegrityError:
+        pass
+
+
+def _lock_inserted_row(rows: Any, key: str) -> None:
+    if not rows.update(last_start_at=timezone.now()):
+        raise DurableError(
+            f"quota key {key!r} has no lock row although one was just inserted: "
+            "durable_quota_lock rows must not be deleted"
+        )
 
 
 #: The run's columns, in the order the PostgreSQL fast path reads them.
