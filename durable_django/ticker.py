@@ -24,15 +24,16 @@ class Ticker:
     ``CONN_MAX_AGE`` are closed before and after it. A tick that raises returns None
     instead: it is logged at ERROR on one line (the exception's type and message; the
     traceback at DEBUG), and the thread's connections are closed, so that the next tick
-    opens fresh ones. The same error again is logged at the 2nd, 4th, 8th ... failure in
-    a row only; the first tick that works again is logged at INFO.
+    opens fresh ones. An error of the same type as the previous failure's (the messages
+    of one outage vary: refused, reset, starting up) is logged at the 2nd, 4th, 8th ...
+    failure in a row only; the first tick that works again is logged at INFO.
     """
 
     def __init__(self, engine: Engine | None = None) -> None:
         self._engine = engine
         #: Ticks failed in a row.
         self.failures = 0
-        self._last_error = ""
+        self._last_error: type[BaseException] | None = None
 
     @property
     def engine(self) -> Engine:
@@ -54,7 +55,7 @@ class Ticker:
         close_stale_connections()
         if self.failures:
             logger.info("durable tick works again, after %d failed tick(s)", self.failures)
-            self.failures, self._last_error = 0, ""
+            self.failures, self._last_error = 0, None
         return result
 
     def delay(self, interval: float) -> float:
@@ -67,10 +68,9 @@ class Ticker:
 
     def _failed(self, error: Exception) -> None:
         self.failures += 1
-        text = one_line(error)
         # Powers of two: the 1st, 2nd, 4th, 8th ... failure in a row.
-        if text != self._last_error or not self.failures & (self.failures - 1):
+        if type(error) is not self._last_error or not self.failures & (self.failures - 1):
             in_a_row = f" ({self.failures} failed ticks in a row)" if self.failures > 1 else ""
-            logger.error("durable tick failed: %s%s", text, in_a_row)
+            logger.error("durable tick failed: %s%s", one_line(error), in_a_row)
         logger.debug("durable tick failed", exc_info=error)
-        self._last_error = text
+        self._last_error = type(error)

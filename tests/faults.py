@@ -31,8 +31,9 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
+ROOT = Path(__file__).resolve().parent.parent
 PG_BIN = Path(os.environ.get("DURABLE_PG_BIN", "/usr/lib/postgresql/15/bin"))
 #: How long a server may take to start or stop before the test fails.
 SERVER_WAIT = 60.0
@@ -210,8 +211,9 @@ class PostgresServer:
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def start(self) -> None:
-        """Start the server and return once it accepts connections."""
-        assert self.process is None, "the server is running"
+        """Start the server, if it is not running, and return once it accepts connections."""
+        if self.process is not None:
+            return
         command = [
             PG_BIN / "postgres",
             "-D",
@@ -301,20 +303,47 @@ class PostgresServer:
         }
 
 
-@contextlib.contextmanager
-def django_database(alias: str, server: PostgresServer, name: str) -> Iterator[str]:
-    """The database ``name`` on ``server``, created, migrated and open to the test process
-    as the Django database ``alias`` for the block (``OrmStore(using=alias)``).
+# the test process and its subprocesses ----------------------------------------------------
 
-    Call it where database access is allowed (``django_db_blocker.unblock()``).
+
+def django_environment(**extra: str) -> dict[str, str]:
+    """The environment of a subprocess with the tests' settings, on the test process's
+    database (its test database), with ``extra`` on top."""
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        DURABLE_TEST_DB=os.environ.get("DURABLE_TEST_DB", "sqlite"),
+        DURABLE_TEST_DB_NAME=str(connection.settings_dict["NAME"]),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def proxied_environment(proxy: TcpProxy) -> dict[str, str]:
+    """What a subprocess with the tests' settings needs to reach the test process's
+    database through ``proxy`` (to put in its environment)."""
+    prefix = "DURABLE_PG" if connection.vendor == "postgresql" else "DURABLE_MYSQL"
+    return {f"{prefix}_HOST": "127.0.0.1", f"{prefix}_PORT": str(proxy.port)}
+
+
+def proxied_settings(proxy: TcpProxy) -> dict[str, object]:
+    """The test process's database (its test database), reached through ``proxy``."""
+    return {**connection.settings_dict, "HOST": "127.0.0.1", "PORT": str(proxy.port)}
+
+
+@contextlib.contextmanager
+def database_alias(alias: str, settings: dict[str, object]) -> Iterator[str]:
+    """``settings`` as the Django database ``alias`` of the test process for the block.
+
+    A test that uses it declares it: ``django_db(databases=["default", alias])``.
     """
-    server.create_database(name)
     configured = connections.configure_settings(
-        {DEFAULT_DB_ALIAS: connections.settings[DEFAULT_DB_ALIAS], alias: server.settings(name)}
+        {DEFAULT_DB_ALIAS: connections.settings[DEFAULT_DB_ALIAS], alias: settings}
     )
     connections.settings[alias] = configured[alias]
     try:
-        call_command("migrate", database=alias, verbosity=0)
         yield alias
     finally:
         with contextlib.suppress(Exception):
@@ -322,3 +351,16 @@ def django_database(alias: str, server: PostgresServer, name: str) -> Iterator[s
         with contextlib.suppress(AttributeError):
             del connections[alias]
         del connections.settings[alias]
+
+
+@contextlib.contextmanager
+def django_database(alias: str, server: PostgresServer, name: str) -> Iterator[str]:
+    """The database ``name`` on ``server``, created and migrated, as the Django database
+    ``alias`` of the test process for the block (see :func:`database_alias`).
+
+    Call it where database access is allowed (``django_db_blocker.unblock()``).
+    """
+    server.create_database(name)
+    with database_alias(alias, server.settings(name)):
+        call_command("migrate", database=alias, verbosity=0)
+        yield alias

@@ -27,7 +27,7 @@ from durable_django import engine as default_engine
 
 from .celery_app import app
 from .fault_workflows import long_step
-from .faults import TcpProxy
+from .faults import TcpProxy, proxied_environment
 from .recovery_workflows import log_lines
 from .test_worker_recovery import run_of, steps_of, wait_until
 from .worker import Worker, delete_queue, running_worker, unique_queue
@@ -60,12 +60,7 @@ def proxy(django_db_setup: None) -> Iterator[TcpProxy]:
 def workers(proxy: TcpProxy, broker: redis.Redis) -> Iterator[tuple[Worker, Worker]]:
     """Two workers on one queue, reaching the database through the proxy."""
     queue = unique_queue("durable-lease-faults")
-    prefix = "DURABLE_PG" if "postgresql" in DATABASE["ENGINE"] else "DURABLE_MYSQL"
-    env = {
-        f"{prefix}_HOST": "127.0.0.1",
-        f"{prefix}_PORT": str(proxy.port),
-        "DURABLE_TEST_DURABLE": json.dumps(durable_options(queue)),
-    }
+    env = {**proxied_environment(proxy), "DURABLE_TEST_DURABLE": json.dumps(durable_options(queue))}
     try:
         with (
             running_worker(queue, include=WORKFLOWS, env=env) as first,
