@@ -178,3 +178,36 @@ def test_a_worker_whose_lease_lapsed_in_an_outage_stops_and_records_nothing(
         (2, "C", f"C {second_pid}"),
     ]
     assert run_of(handle.run_id).status == RunStatus.COMPLETED
+
+
+def test_a_turn_that_cannot_write_its_step_is_recovered_once_its_lease_lapses(
+    sending: tuple[Worker, Worker], proxy: TcpProxy, tmp_path: Path
+) -> None:
+    files = run_files(tmp_path)
+    handle = long_step.dispatch(files)
+    first = executor_of("B", files["log"], sending)
+    first_pid = first.process.pid if first.process else None
+
+    proxy.cut()
+    try:
+        # B returns while the database is away: its record, and the turn's end, fail.
+        Path(files["release"]).touch()
+        wait_until(
+            lambda: app.control.ping(destination=[first.hostname], timeout=0.5),
+            "the first worker to end its turn",
+            first,
+        )
+        run = run_of(handle.run_id)
+        assert (run.status, run.lease_owner != "") == (RunStatus.RUNNING, True)
+        assert run.lease_expires_at is not None
+        wait_until(lambda: timezone.now() > run.lease_expires_at, "the lease to lapse")
+    finally:
+        proxy.restore()
+
+    # The run did not fail for want of its database: the tick hands it on.
+    assert default_engine.tick().recovered == 1
+    output = sending[0].result(handle)
+    pids = [line.split()[1] for line in log_lines(files["log"])]
+    assert [line.split()[0] for line in log_lines(files["log"])] == ["A", "B", "B", "C"]
+    assert pids[:2] == [str(first_pid)] * 2
+    assert output == {"steps": [f"A {first_pid}", f"B {pids[2]}", f"C {pids[3]}"]}
