@@ -19,13 +19,12 @@ _ticker = Ticker()
 
 
 @shared_task(
-    bind=True,
     name="durable_django.execute_run",
     ignore_result=True,
     serializer="json",
     max_retries=EXECUTE_RETRIES,
 )
-def execute_run(self: Any, run_id: str) -> None:
+def execute_run(run_id: str) -> None:
     """Execute one turn of ``run_id`` with the default engine.
 
     When the turn fails, the worker's connections are closed, so that the next message
@@ -39,7 +38,8 @@ def execute_run(self: Any, run_id: str) -> None:
         default_engine.execute(run_id)
     except (OperationalError, InterfaceError) as error:
         close_connections()
-        raise self.retry(exc=error, countdown=2**self.request.retries) from error
+        task: Any = execute_run  # the task, as the decorator made it
+        raise task.retry(exc=error, countdown=2**task.request.retries) from error
     except Exception:
         close_connections()
         raise
