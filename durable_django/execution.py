@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import datetime
 import logging
 import os
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 from django.utils import timezone
 
+from .db import close_connections, close_dropped_connections, close_stale_connections, one_line
 from .errors import ChildWorkflowError, ConcurrencyLimitError, DurableError, UnstorableValueError
 from .limits import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK, text_lengths
 from .serialization import json_copy, storable_text, validate_text
@@ -40,6 +42,9 @@ logger = logging.getLogger(__name__)
 #: signal's token or the child's workflow name.
 SIGNAL_STEP_PREFIX = "durable.signal:"
 CHILD_STEP_PREFIX = "durable.child:"
+
+#: A durable call this long after the previous one first checks the connections.
+IDLE_CHECK_SECONDS = 1.0
 
 #: The context of the body running in this thread (or task), if any.
 current_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
@@ -145,6 +150,7 @@ class Context:
         self.lease_lost = threading.Event()
         #: A record kept in memory until the body's next durable call or the turn's end.
         self.unwritten: StepRecord | None = None
+        self._called_at = time.monotonic()
 
     @property
     def run_id(self) -> str:
@@ -158,9 +164,19 @@ class Context:
 
     # positions ----------------------------------------------------------------------
 
+    def check_connections(self) -> None:
+        """Before the turn's next write: after a long time away from the database (a
+        long step), close the connections the server dropped meanwhile (a restart, a
+        failover, a network blip), so that the write opens a new one instead of failing."""
+        now = time.monotonic()
+        if now - self._called_at >= IDLE_CHECK_SECONDS:
+            close_dropped_connections()
+        self._called_at = now
+
     def _next(self, name: str) -> tuple[int, StepRecord | None]:
         if self.lease_lost.is_set():
             raise LeaseLost(self.run_id)
+        self.check_connections()
         if self.unwritten is not None:
             step, self.unwritten = self.unwritten, None
             self._record(step)
@@ -438,14 +454,48 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:8]}"
 
 
+@dataclasses.dataclass(slots=True)
+class _Lease:
+    """A turn's lease as its keeper sees it; times on this process's monotonic clock."""
+
+    engine: Engine
+    seconds: float
+    #: When the lease lapses unless it is renewed before.
+    expires: float
+    #: When the next renewal is due; None once the lease is lost.
+    due: float | None
+    #: Renewals that failed in a row.
+    failures: int = 0
+
+
+def _lease_expiry(run: RunRecord, seconds: float) -> float:
+    """When the lease the claim took lapses, on the monotonic clock."""
+    now = time.monotonic()
+    if run.lease_expires_at is None:
+        return now + seconds
+    left = (run.lease_expires_at - timezone.now()).total_seconds()
+    return now + min(left, seconds)
+
+
+def _retry_delay(lease: _Lease) -> float:
+    """How long after a failed renewal the next one is tried: 1 s, 2 s, 4 s ... at most a
+    sixth of the lease, and never after the moment the lease lapses."""
+    delay = min(2.0 ** (min(lease.failures, 16) - 1), lease.seconds / 6)
+    return min(delay, max(lease.expires - time.monotonic(), 0.0))
+
+
 class _LeaseKeeper:
     """Renews the leases of the turns running in this process, from one daemon thread.
 
     A turn hands its lease to the keeper while its body runs; every third of the lease's
-    length the keeper renews it, and flags the turn (``lease_lost``) when a renewal finds
-    the run no longer held. One long-lived thread, started on first use, instead of one
-    thread per turn: starting and joining a thread cost more than most turns' renewals
-    (most turns end before their first renewal is due).
+    length the keeper renews it, over a connection of its own that it closes after each
+    round. A renewal that fails (the database restarting or out of reach) is tried again
+    after 1 s, 2 s, 4 s ... (at most a sixth of the lease) until the lease lapses. The
+    turn is flagged (``lease_lost``) when a renewal finds the run no longer held, or when
+    the lease lapsed before a renewal got through: another worker may take the run from
+    then on. One long-lived thread, started on first use, instead of one thread per
+    turn: starting and joining a thread cost more than most turns' renewals (most turns
+    end before their first renewal is due).
     """
 
     def __init__(self) -> None:
@@ -455,8 +505,7 @@ class _LeaseKeeper:
     def _reset(self) -> None:
         # In a forked child the keeper thread is gone, and its lock may have been held.
         self._changed = threading.Condition()
-        # context -> (engine, lease seconds, when its renewal is due; None: no more)
-        self._leases: dict[Context, tuple[Engine, float, float | None]] = {}
+        self._leases: dict[Context, _Lease] = {}
         self._renewing: Context | None = None
         self._wakes_at: float | None = None  # when the keeper's wait ends (None: never)
         self._thread: threading.Thread | None = None
@@ -465,8 +514,9 @@ class _LeaseKeeper:
     def kept(self, engine: Engine, context: Context, seconds: float) -> Iterator[None]:
         """Renew ``context``'s lease every third of ``seconds`` until the block ends."""
         due = time.monotonic() + seconds / 3
+        lease = _Lease(engine, seconds, _lease_expiry(context.run, seconds), due)
         with self._changed:
-            self._leases[context] = (engine, seconds, due)
+            self._leases[context] = lease
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="durable lease keeper", daemon=True
@@ -482,13 +532,19 @@ class _LeaseKeeper:
                 while self._renewing is context:
                     self._changed.wait()
                 del self._leases[context]
+            # The turn's end is written next, perhaps after a long last step.
+            context.check_connections()
 
     def _run(self) -> None:
         while True:
             with self._changed:
                 while True:
                     now = time.monotonic()
-                    times = [(at, c) for c, (_, _, at) in self._leases.items() if at is not None]
+                    times = [
+                        (lease.due, context)
+                        for context, lease in self._leases.items()
+                        if lease.due is not None
+                    ]
                     due = [c for at, c in times if at <= now]
                     if due:
                         break
@@ -499,33 +555,69 @@ class _LeaseKeeper:
                 for context in due:
                     self._renew(context)
             finally:
-                connections.close_all()
+                # A fresh connection for the next round, and none held in between.
+                close_connections()
 
     def _renew(self, context: Context) -> None:
         with self._changed:
-            if context not in self._leases:
+            lease = self._leases.get(context)
+            if lease is None:
                 return  # the turn ended meanwhile
-            engine, seconds, _ = self._leases[context]
             self._renewing = context
-        renewed = False
+        started = time.monotonic()
         try:
-            renewed = engine.store.transition(
+            held = lease.engine.store.transition(
                 context.run_id,
                 [RunStatus.RUNNING],
                 RunStatus.RUNNING,
                 owner=context.owner,
-                lease_expires_at=timezone.now() + datetime.timedelta(seconds=seconds),
+                lease_expires_at=timezone.now() + datetime.timedelta(seconds=lease.seconds),
             )
-            if not renewed:
+        except Exception as error:
+            close_connections()
+            with self._renewal_done():
+                lease.failures += 1
+                lapsed = time.monotonic() >= lease.expires
+                lease.due = None if lapsed else time.monotonic() + _retry_delay(lease)
+            if lapsed:
                 context.lease_lost.set()
-        except Exception:
-            logger.exception("renewing the lease of run %r failed", context.run_id)
-        finally:
-            with self._changed:
+                logger.warning(
+                    "lost the lease of run %r: it lapsed before a renewal got through (%s); "
+                    "the turn stops at its next durable call and records nothing",
+                    context.run_id,
+                    one_line(error),
+                )
+            else:
+                assert lease.due is not None
+                (logger.warning if lease.failures == 1 else logger.debug)(
+                    "renewing the lease of run %r failed (%s); trying again in %.1fs, "
+                    "before it lapses in %.1fs",
+                    context.run_id,
+                    one_line(error),
+                    lease.due - time.monotonic(),
+                    lease.expires - time.monotonic(),
+                )
+            return
+        with self._renewal_done():
+            failures, lease.failures = lease.failures, 0
+            lease.expires = started + lease.seconds
+            # Not held: cancelled, or handed on after this process stalled.
+            lease.due = time.monotonic() + lease.seconds / 3 if held else None
+        if not held:
+            context.lease_lost.set()
+        elif failures:
+            logger.info(
+                "renewed the lease of run %r after %d failed attempt(s)", context.run_id, failures
+            )
+
+    @contextlib.contextmanager
+    def _renewal_done(self) -> Iterator[None]:
+        """Update a lease once its renewal is done, and wake a turn waiting for that."""
+        with self._changed:
+            try:
+                yield
+            finally:
                 self._renewing = None
-                # Lost, or failed: no more renewals for this turn.
-                due = time.monotonic() + seconds / 3 if renewed else None
-                self._leases[context] = (engine, seconds, due)
                 self._changed.notify_all()
 
 
@@ -675,8 +767,7 @@ def _refusable(store: Any) -> Iterator[None]:
     try:
         yield
     except Exception:
-        if connection.connection is not None and not connection.is_usable():
-            connection.close()
+        close_stale_connections()
         raise
 
 

@@ -1,26 +1,60 @@
-"""The Celery task that executes runs. Messages carry only the run id, as JSON."""
+"""The Celery tasks that execute runs and tick. Messages carry only the run id, as JSON."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from celery import shared_task
+from django.db import InterfaceError, OperationalError
+
+from .db import close_connections
+from .ticker import Ticker
+
+#: How many times a message is tried again while the database cannot be reached, after
+#: 1, 2, 4 ... 32 seconds (about a minute in all); the tick's resend covers longer outages.
+EXECUTE_RETRIES = 6
+
+_ticker = Ticker()
 
 
-@shared_task(name="durable_django.execute_run", ignore_result=True, serializer="json")
+@shared_task(
+    name="durable_django.execute_run",
+    ignore_result=True,
+    serializer="json",
+    max_retries=EXECUTE_RETRIES,
+)
 def execute_run(run_id: str) -> None:
-    """Execute one turn of ``run_id`` with the default engine."""
+    """Execute one turn of ``run_id`` with the default engine.
+
+    When the turn fails, the worker's connections are closed, so that the next message
+    opens fresh ones. When it failed because the database could not be reached (an
+    ``OperationalError`` or ``InterfaceError``), the message is sent again after 1, 2,
+    4 ... 32 seconds; a run that was not waiting for a worker by then is left alone.
+    """
     from .engines import default_engine
 
-    default_engine.execute(run_id)
+    try:
+        default_engine.execute(run_id)
+    except (OperationalError, InterfaceError) as error:
+        close_connections()
+        task: Any = execute_run  # the task, as the decorator made it
+        raise task.retry(exc=error, countdown=2**task.request.retries) from error
+    except Exception:
+        close_connections()
+        raise
 
 
 @shared_task(name="durable_django.tick", ignore_result=True, serializer="json")
-def tick() -> dict[str, int]:
-    """Run ``engine.tick()`` on the default engine; schedule it with Celery beat."""
-    from .engines import default_engine
+def tick() -> dict[str, int] | None:
+    """Run ``engine.tick()`` on the default engine; schedule it with Celery beat.
 
-    return dataclasses.asdict(default_engine.tick())
+    A tick that fails is logged on one line at ERROR and closes the worker's
+    connections; it is not retried, since the next tick does its work (see
+    :class:`durable_django.ticker.Ticker`).
+    """
+    result = _ticker.tick()
+    return None if result is None else dataclasses.asdict(result)
 
 
 def beat_schedule(seconds: float = 5.0) -> dict[str, dict[str, object]]:

@@ -1,0 +1,62 @@
+"""The current thread's database connections, after the database went away.
+
+Django opens a connection per thread and reopens it only once it has been closed: a
+connection that the server dropped (a restart, a failover, a network blip) fails every
+query until someone closes it. Workers, the lease keeper and the tick close theirs after
+an error, and check them after a long time away from the database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from django.db import connections
+
+
+def close_connections() -> None:
+    """Close this thread's database connections; the next query opens a fresh one.
+
+    A connection inside an atomic block is left to the block's owner. Errors while
+    closing a connection that is already broken are ignored.
+    """
+    for connection in connections.all(initialized_only=True):
+        if connection.in_atomic_block:
+            continue
+        with contextlib.suppress(Exception):
+            connection.close()
+
+
+def close_stale_connections() -> None:
+    """Close this thread's connections that are broken or older than ``CONN_MAX_AGE``,
+    as Django does before and after each request; for other units of work, like a tick.
+
+    Unlike ``django.db.close_old_connections``, it leaves a connection inside an atomic
+    block alone.
+    """
+    for connection in connections.all(initialized_only=True):
+        if connection.in_atomic_block:
+            continue
+        with contextlib.suppress(Exception):
+            connection.close_if_unusable_or_obsolete()
+
+
+def close_dropped_connections() -> None:
+    """Close this thread's open connections that no longer answer a ``SELECT 1``.
+
+    One round trip per open connection; meant for the moment a thread comes back to the
+    database after a long time away from it.
+    """
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None or connection.in_atomic_block:
+            continue
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        except Exception:
+            with contextlib.suppress(Exception):
+                connection.close()
+
+
+def one_line(error: BaseException) -> str:
+    """An exception for a log line: its type and its message, on one line."""
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
