@@ -23,7 +23,11 @@ def broker_settings(url: str) -> dict[str, Any]:
             "broker_transport_options": {"confirm_publish": True},
             "broker_heartbeat": 0,
         }
-    return {"task_acks_late": False, "worker_prefetch_multiplier": 1}
+    return {
+        "task_acks_late": False,
+        "worker_prefetch_multiplier": 1,
+        "worker_disable_prefetch": True,
+    }
 
 
 app = Celery("tests")
