@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from django.db import connection, connections
 
 from .worker import WAIT, _die_with_parent
@@ -145,6 +144,8 @@ class PgBouncer:
     def show(self, what: str, database: str) -> list[dict[str, Any]]:
         """The rows of the admin console's ``SHOW <what>`` (``STATS``, ``CLIENTS``,
         ``SERVERS``...) about ``database``."""
+        import psycopg
+
         with psycopg.connect(
             host="127.0.0.1", port=self.port, dbname="pgbouncer", user="pgbouncer", autocommit=True
         ) as admin:

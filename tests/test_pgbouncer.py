@@ -14,9 +14,8 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
@@ -35,6 +34,9 @@ from .recovery_workflows import abc, log_lines, sleeper
 from .test_hammer import LIMIT, PATIENCE, STORES, THREADS, TRIALS, assert_trials, fresh_keys
 from .test_worker_recovery import status_is, wait_until
 from .worker import Worker, running_worker, unique_queue
+
+if TYPE_CHECKING:
+    import psycopg
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -130,6 +132,8 @@ def session_state(client: psycopg.Connection[Any]) -> tuple[Any, ...]:
 def test_starts_and_turns_leave_no_session_state(pgbouncer_program: str) -> None:
     """With a single server connection, another client of PgBouncer sees whatever a
     start or a turn left on it."""
+    import psycopg
+
     engine = Engine(store=OrmStore(), enqueue=False)
     with (
         running_pgbouncer(pgbouncer_program, pool_size=1) as single,
