@@ -11,6 +11,7 @@ suite in parallel share the servers but never a queue.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import os
@@ -46,7 +47,7 @@ class QueuedMessage:
         return list(args)
 
 
-class Broker:
+class Broker(abc.ABC):
     """A broker the tests send to, and what they do to its queues directly."""
 
     name: ClassVar[str]
@@ -55,33 +56,34 @@ class Broker:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
 
+    @abc.abstractmethod
     def check(self) -> None:
         """Raise if the broker does not answer."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def queued_count(self, queue: str) -> int:
         """How many messages wait on ``queue`` (0 for a queue that does not exist)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def messages(self, queue: str) -> list[QueuedMessage]:
         """The messages waiting on ``queue``, oldest first; they stay there."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def duplicate_oldest(self, queue: str) -> None:
         """Add a copy of the oldest message waiting on ``queue`` at its end, as a broker
         that delivers a message twice would."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def drop_messages(self, queue: str) -> None:
         """Drop every message waiting on ``queue``: they are lost."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def delete_queue(self, queue: str) -> None:
         """Remove ``queue``, its messages and what routes to it."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Close the client's connection."""
 
     def queued_run_ids(self, queue: str) -> list[str]:
         """The run ids the messages waiting on ``queue`` ask to execute, oldest first."""

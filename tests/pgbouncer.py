@@ -177,8 +177,8 @@ def running_pgbouncer(program: str, *, pool_size: int) -> Iterator[PgBouncer]:
         shutil.rmtree(bouncer.folder, ignore_errors=True)
 
 
-#: What a database's settings need behind transaction pooling: a server-side cursor
-#: would outlive the transaction, and so the server connection it was opened on.
+#: What a database's settings need behind transaction pooling: a server-side cursor stays
+#: on the server connection it was opened on, which the next transaction may not get.
 #: (Django leaves psycopg's prepared statements off: ``OPTIONS["prepare_threshold"]``.)
 POOLED_SETTINGS = {"DISABLE_SERVER_SIDE_CURSORS": True}
 
