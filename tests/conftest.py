@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 import pytest
 
 from durable_django import Engine, RunStatus
 from durable_django.registry import Registry
 from durable_django.stores import MemoryStore, OrmStore
+
+if TYPE_CHECKING:
+    from .brokers import Broker
 
 
 @pytest.fixture
@@ -62,22 +69,27 @@ def failing_workflow():
     default_engine.registry.remove(definition.name)
 
 
-@pytest.fixture(scope="module")
-def broker():
-    """The Redis broker the worker tests send to. Without one they are skipped, except on
-    CI (``CI`` set), where a missing broker is a failure."""
-    import os
+#: The brokers the worker tests run on. RabbitMQ's behaviour does not depend on the
+#: database, so its variants run on PostgreSQL only, which keeps the suite's time in check.
+BROKERS = ["redis", "rabbitmq"] if os.environ.get("DURABLE_TEST_DB") == "postgres" else ["redis"]
 
-    import redis
 
-    from .worker import app, broker_client
+@pytest.fixture(scope="module", params=BROKERS)
+def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
+    """The broker the worker tests and their workers send to, for the whole module
+    (``tests.brokers``). Without one the tests are skipped, except on CI (``CI`` set),
+    where a missing broker is a failure."""
+    from .brokers import BY_NAME
 
-    client = broker_client()
+    broker = BY_NAME[request.param]()
     try:
-        client.ping()
-    except redis.RedisError as error:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"no Redis broker at {app.conf.broker_url}: {error}")
-    yield client
-    client.close()
+        try:
+            broker.check()
+        except Exception as error:
+            if os.environ.get("CI"):
+                raise
+            pytest.skip(f"no {broker.name} broker at {broker.url}: {error}")
+        with broker.in_use():
+            yield broker
+    finally:
+        broker.close()

@@ -57,6 +57,8 @@ if DB == "postgres":
             "USER": os.environ.get("DURABLE_PG_USER", "postgres"),
             "HOST": os.environ.get("DURABLE_PG_HOST", "127.0.0.1"),
             "PORT": os.environ.get("DURABLE_PG_PORT", "5432"),
+            # Behind PgBouncer in transaction pooling (tests/pgbouncer.py).
+            "DISABLE_SERVER_SIDE_CURSORS": bool(os.environ.get("DURABLE_PG_TRANSACTION_POOLING")),
         }
     }
 elif DB == "mariadb":

@@ -1,8 +1,10 @@
-"""Runs executed by a real Celery worker on the real Redis broker: no eager mode, no mocks.
+"""Runs executed by a real Celery worker on a real broker: no eager mode, no mocks.
 
-A worker subprocess (``tests/worker.py``) consumes a queue of its own for the whole
-module; the tests that must see messages wait on the broker use a fresh queue nobody
-consumes, and read it with redis-py.
+Every test runs on Redis, and on PostgreSQL on RabbitMQ as well (the ``broker`` fixture,
+``tests/brokers.py``; RabbitMQ's variants do not depend on the database). A worker
+subprocess (``tests/worker.py``) consumes a queue of its own for the whole module; the
+tests that must see messages wait on the broker use a fresh queue nobody consumes, and
+read it with the broker's own client.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-import redis
 from django.db import transaction
 from django.test import override_settings
 
@@ -22,17 +23,9 @@ from durable_django.models import Run, RunTag
 from durable_django.stores.base import StepRecord
 from tests.testapp.workflows import EchoWorkflow, plain
 
+from .brokers import Broker
 from .celery_app import app
-from .worker import (
-    Worker,
-    decode_message,
-    delete_queue,
-    queued_count,
-    queued_run_ids,
-    raw_messages,
-    running_worker,
-    unique_queue,
-)
+from .worker import Worker, running_worker, unique_queue
 from .worker_workflows import charge, total
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,7 +36,7 @@ class Rollback(Exception):
 
 
 @pytest.fixture(scope="module")
-def worker(django_db_setup: None, broker: redis.Redis) -> Iterator[Worker]:
+def worker(django_db_setup: None, broker: Broker) -> Iterator[Worker]:
     """A worker consuming a queue of its own, for every test of the module.
 
     It depends on ``django_db_setup`` so it is stopped before the test database goes.
@@ -53,7 +46,7 @@ def worker(django_db_setup: None, broker: redis.Redis) -> Iterator[Worker]:
         with running_worker(queue, include=["tests.worker_workflows"]) as running:
             yield running
     finally:
-        delete_queue(broker, queue)
+        broker.delete_queue(queue)
 
 
 @pytest.fixture
@@ -64,18 +57,18 @@ def sending(worker: Worker) -> Iterator[Worker]:
 
 
 @pytest.fixture
-def idle_queue(broker: redis.Redis) -> Iterator[str]:
+def idle_queue(broker: Broker) -> Iterator[str]:
     """Starts send their runs to a fresh queue that no worker consumes."""
     queue = unique_queue("durable-idle")
     try:
         with override_settings(DURABLE={"ENQUEUE": True, "QUEUE": queue}):
             yield queue
     finally:
-        delete_queue(broker, queue)
+        broker.delete_queue(queue)
 
 
 @pytest.fixture
-def remote_workflow(broker: redis.Redis) -> Iterator[tuple[str, str]]:
+def remote_workflow(broker: Broker) -> Iterator[tuple[str, str]]:
     """A workflow registered here as remote, routed to a queue of its own."""
     token = uuid.uuid4().hex
     name, queue = f"tests.remote.{token}", f"remote-{token}"
@@ -84,7 +77,7 @@ def remote_workflow(broker: redis.Redis) -> Iterator[tuple[str, str]]:
         yield name, queue
     finally:
         default_engine.registry.remove(name)
-        delete_queue(broker, queue)
+        broker.delete_queue(queue)
 
 
 # execution ----------------------------------------------------------------------------
@@ -139,7 +132,7 @@ def test_a_failing_body_ends_failed_with_a_structured_error(sending: Worker) -> 
 # quota and messages -------------------------------------------------------------------
 
 
-def test_a_refused_start_sends_no_message(idle_queue: str, broker: redis.Redis) -> None:
+def test_a_refused_start_sends_no_message(idle_queue: str, broker: Broker) -> None:
     key = f"tenant:{uuid.uuid4().hex}"
     quota = {"key": key, "limit": 3}
     handles = [total.dispatch({"a": n, "b": 0}, concurrency=quota) for n in range(3)]
@@ -154,27 +147,24 @@ def test_a_refused_start_sends_no_message(idle_queue: str, broker: redis.Redis) 
         3,
         3,
     )
-    assert broker.llen(idle_queue) == 3
-    assert queued_count(broker, idle_queue) == 3
-    assert queued_run_ids(broker, idle_queue) == [handle.run_id for handle in handles]
+    assert broker.queued_count(idle_queue) == 3
+    assert broker.queued_run_ids(idle_queue) == [handle.run_id for handle in handles]
     assert sorted(Run.objects.values_list("id", flat=True)) == sorted(h.run_id for h in handles)
     assert set(Run.objects.values_list("status", flat=True)) == {RunStatus.PENDING}
     assert RunTag.objects.count() == 3
     assert RunTag.objects.filter(tag=quota_tag(key)).count() == 3
 
 
-def test_nothing_is_sent_before_the_start_commits(idle_queue: str, broker: redis.Redis) -> None:
+def test_nothing_is_sent_before_the_start_commits(idle_queue: str, broker: Broker) -> None:
     with transaction.atomic():
         handle = total.dispatch({"a": 1, "b": 2})
         assert Run.objects.filter(pk=handle.run_id).exists()
-        assert queued_count(broker, idle_queue) == 0
+        assert broker.queued_count(idle_queue) == 0
 
-    assert queued_run_ids(broker, idle_queue) == [handle.run_id]
+    assert broker.queued_run_ids(idle_queue) == [handle.run_id]
 
 
-def test_a_rolled_back_start_leaves_no_run_and_no_message(
-    idle_queue: str, broker: redis.Redis
-) -> None:
+def test_a_rolled_back_start_leaves_no_run_and_no_message(idle_queue: str, broker: Broker) -> None:
     with pytest.raises(Rollback), transaction.atomic():
         rolled_back = total.dispatch({"a": 1, "b": 2})
         raise Rollback
@@ -188,8 +178,8 @@ def test_a_rolled_back_start_leaves_no_run_and_no_message(
     assert list(Run.objects.values_list("id", flat=True)) == [kept.run_id]
     assert RunTag.objects.count() == 0
     assert rolled_back.run_id != in_savepoint.run_id
-    assert queued_count(broker, idle_queue) == 1
-    assert queued_run_ids(broker, idle_queue) == [kept.run_id]
+    assert broker.queued_count(idle_queue) == 1
+    assert broker.queued_run_ids(idle_queue) == [kept.run_id]
 
 
 def test_a_committed_start_is_executed_by_the_worker(sending: Worker) -> None:
@@ -199,20 +189,17 @@ def test_a_committed_start_is_executed_by_the_worker(sending: Worker) -> None:
     assert sending.result(handle) == {"total": 42}
 
 
-def test_messages_are_json(idle_queue: str, broker: redis.Redis) -> None:
+def test_messages_are_json(idle_queue: str, broker: Broker) -> None:
     handle = total.dispatch({"a": 1, "b": 1})
 
-    (raw,) = raw_messages(broker, idle_queue)
-    envelope, body = decode_message(raw)
-    assert envelope["content-type"] == "application/json"
-    assert envelope["content-encoding"] == "utf-8"
-    assert envelope["headers"]["task"] == "durable_django.execute_run"
-    assert envelope["properties"]["delivery_info"]["routing_key"] == idle_queue
-    args, kwargs, _embed = body
-    assert (args, kwargs) == ([handle.run_id], {})
+    (message,) = broker.messages(idle_queue)
+    assert message.content_type == "application/json"
+    assert message.content_encoding == "utf-8"
+    assert message.headers["task"] == "durable_django.execute_run"
+    assert message.routing_key == idle_queue
     # The message carries the run id only: the input stays in the database.
-    assert b"python-serialize" not in raw
-    assert b"pickle" not in raw
+    args, kwargs, _embed = message.body
+    assert (args, kwargs) == ([handle.run_id], {})
 
 
 def test_the_worker_refuses_a_pickled_message(sending: Worker) -> None:
@@ -231,7 +218,7 @@ def test_the_worker_refuses_a_pickled_message(sending: Worker) -> None:
 
 
 def test_a_remote_workflow_is_routed_to_its_queue_and_executed_there(
-    sending: Worker, remote_workflow: tuple[str, str], broker: redis.Redis
+    sending: Worker, remote_workflow: tuple[str, str], broker: Broker
 ) -> None:
     name, remote_queue = remote_workflow
     key = f"remote:{uuid.uuid4().hex}"
@@ -244,13 +231,13 @@ def test_a_remote_workflow_is_routed_to_its_queue_and_executed_there(
     assert quota_tag(key) in run.tags
     with pytest.raises(ConcurrencyLimitError):
         default_engine.start(name, {"n": 2}, concurrency=quota)
-    assert queued_run_ids(broker, remote_queue) == [handle.run_id]
+    assert broker.queued_run_ids(remote_queue) == [handle.run_id]
 
     # The local worker never receives it: a local run sent after it is done, and the remote
     # run is still pending (the local worker, which has no body for it, would block it).
     assert sending.result(total.dispatch({"a": 0, "b": 1})) == {"total": 1}
     assert default_engine.get_run(handle.run_id).status == RunStatus.PENDING
-    assert queued_run_ids(broker, remote_queue) == [handle.run_id]
+    assert broker.queued_run_ids(remote_queue) == [handle.run_id]
 
     # A worker serving the remote queue, where the workflow has a body, executes it.
     with running_worker(
@@ -259,7 +246,7 @@ def test_a_remote_workflow_is_routed_to_its_queue_and_executed_there(
         env={"DURABLE_TEST_REMOTE_WORKFLOW": name},
     ) as remote:
         assert remote.result(handle) == {"served_by": "remote", "input": {"n": 1}}
-    assert queued_count(broker, remote_queue) == 0
+    assert broker.queued_count(remote_queue) == 0
     assert default_engine.get_run(handle.run_id).status == RunStatus.COMPLETED
     # The slot is free again.
     assert default_engine.start(name, {"n": 3}, concurrency=quota).created

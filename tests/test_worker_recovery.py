@@ -1,4 +1,7 @@
-"""Durable execution on real Celery workers on the Redis broker: no eager mode, no mocks.
+"""Durable execution on real Celery workers on a real broker: no eager mode, no mocks.
+
+Every test runs on Redis, and on PostgreSQL on RabbitMQ as well (the ``broker`` fixture,
+``tests/brokers.py``; RabbitMQ's variants do not depend on the database).
 
 Workers are subprocesses (``tests/worker.py``) given DURABLE options of their own
 (``DURABLE_TEST_DURABLE``): they send what they start or wake to their queue, and hold
@@ -22,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from django.db import DatabaseError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
@@ -33,18 +35,10 @@ from durable_django.engines import send_run
 from durable_django.models import Run
 from durable_django.stores.base import RunRecord, StepRecord
 
+from .brokers import Broker
 from .celery_app import app
 from .recovery_workflows import abc, hold_file, log_lines, once, parent, sleeper, waiter
-from .worker import (
-    PRIORITIES,
-    WAIT,
-    Worker,
-    delete_queue,
-    queue_keys,
-    queued_run_ids,
-    running_worker,
-    unique_queue,
-)
+from .worker import WAIT, Worker, running_worker, unique_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -149,20 +143,15 @@ def stall(worker: Worker, run_id: str) -> None:
     raise AssertionError(f"{worker!r} never stopped outside a transaction")
 
 
-def purge(client: redis.Redis, queue: str) -> None:
-    """Drop the messages waiting on ``queue`` (at every priority): they are lost."""
-    client.delete(*queue_keys(queue)[: 1 + len(PRIORITIES)])
-
-
 @pytest.fixture(scope="module")
-def worker(django_db_setup: None, broker: redis.Redis) -> Iterator[Worker]:
+def worker(django_db_setup: None, broker: Broker) -> Iterator[Worker]:
     """A worker on a queue of its own for the module; stopped before the database goes."""
     queue = unique_queue("durable-recovery")
     try:
         with running_worker(queue, include=WORKFLOWS, env=worker_env(queue)) as running:
             yield running
     finally:
-        delete_queue(broker, queue)
+        broker.delete_queue(queue)
 
 
 @pytest.fixture
@@ -173,14 +162,14 @@ def sending(worker: Worker) -> Iterator[Worker]:
 
 
 @pytest.fixture
-def own_queue(broker: redis.Redis) -> Iterator[str]:
+def own_queue(broker: Broker) -> Iterator[str]:
     """A fresh queue, for a test that starts (and kills) workers of its own."""
     queue = unique_queue("durable-recovery-own")
     try:
         with override_settings(DURABLE=durable_options(queue)):
             yield queue
     finally:
-        delete_queue(broker, queue)
+        broker.delete_queue(queue)
 
 
 # a dead worker ------------------------------------------------------------------------
@@ -276,12 +265,12 @@ def test_a_stalled_worker_that_lost_its_lease_records_nothing_when_it_resumes(
 
 
 def test_a_lost_message_is_sent_again_by_the_tick(
-    own_queue: str, broker: redis.Redis, tmp_path: Path
+    own_queue: str, broker: Broker, tmp_path: Path
 ) -> None:
     files = run_files(tmp_path, "lost")
     handle = once.dispatch(files)
-    assert queued_run_ids(broker, own_queue) == [handle.run_id]
-    purge(broker, own_queue)
+    assert broker.queued_run_ids(own_queue) == [handle.run_id]
+    broker.drop_messages(own_queue)
 
     with running_worker(own_queue, include=WORKFLOWS, env=worker_env(own_queue)) as worker:
         # Nothing happens: a run sent after it is done, and it is still pending.
@@ -314,6 +303,25 @@ def test_a_duplicated_message_executes_the_run_once(sending: Worker, tmp_path: P
     assert log_lines(files["log"]) == ["A", "B"]
     assert steps_of(handle.run_id) == [(0, "A", "A"), (1, "B", "B")]
     assert run_of(handle.run_id).status == RunStatus.COMPLETED
+
+
+def test_a_message_the_broker_delivers_twice_executes_the_run_once(
+    own_queue: str, broker: Broker, tmp_path: Path
+) -> None:
+    files = run_files(tmp_path, "delivered-twice")
+    handle = once.dispatch(files)
+    broker.duplicate_oldest(own_queue)
+    assert broker.queued_run_ids(own_queue) == [handle.run_id, handle.run_id]
+    marker = once.dispatch(run_files(tmp_path, "marker"))
+
+    with running_worker(own_queue, include=WORKFLOWS, env=worker_env(own_queue)) as worker:
+        # The worker takes messages in order: once the marker is done, it has seen both.
+        assert worker.result(marker) == {"steps": ["A", "B"]}
+        assert worker.result(handle) == {"steps": ["A", "B"]}
+        assert broker.queued_count(own_queue) == 0
+
+    assert log_lines(files["log"]) == ["A", "B"]
+    assert steps_of(handle.run_id) == [(0, "A", "A"), (1, "B", "B")]
 
 
 # sleep, signals and children ----------------------------------------------------------
