@@ -79,9 +79,20 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
     """The broker the worker tests and their workers send to, for the whole module
     (``tests.brokers``). Without one the tests are skipped, except on CI (``CI`` set),
     where a missing broker is a failure."""
+    yield from _broker_in_use(request.param)
+
+
+@pytest.fixture(scope="module")
+def redis_broker() -> Iterator[Broker]:
+    """``broker`` on Redis only: for tests whose subject is not the broker (faults of the
+    database), run once."""
+    yield from _broker_in_use("redis")
+
+
+def _broker_in_use(name: str) -> Iterator[Broker]:
     from .brokers import BY_NAME
 
-    broker = BY_NAME[request.param]()
+    broker = BY_NAME[name]()
     try:
         try:
             broker.check()

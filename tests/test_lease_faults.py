@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
@@ -25,12 +24,13 @@ from django.utils import timezone
 from durable_django import RunStatus
 from durable_django import engine as default_engine
 
+from .brokers import Broker
 from .celery_app import app
 from .fault_workflows import long_step
 from .faults import TcpProxy, proxied_environment
 from .recovery_workflows import log_lines
 from .test_worker_recovery import run_of, steps_of, wait_until
-from .worker import Worker, delete_queue, running_worker, unique_queue
+from .worker import Worker, running_worker, unique_queue
 
 DATABASE = settings.DATABASES["default"]
 
@@ -57,7 +57,7 @@ def proxy(django_db_setup: None) -> Iterator[TcpProxy]:
 
 
 @pytest.fixture(scope="module")
-def workers(proxy: TcpProxy, broker: redis.Redis) -> Iterator[tuple[Worker, Worker]]:
+def workers(proxy: TcpProxy, redis_broker: Broker) -> Iterator[tuple[Worker, Worker]]:
     """Two workers on one queue, reaching the database through the proxy."""
     queue = unique_queue("durable-lease-faults")
     env = {**proxied_environment(proxy), "DURABLE_TEST_DURABLE": json.dumps(durable_options(queue))}
@@ -68,7 +68,7 @@ def workers(proxy: TcpProxy, broker: redis.Redis) -> Iterator[tuple[Worker, Work
         ):
             yield first, second
     finally:
-        delete_queue(broker, queue)
+        redis_broker.delete_queue(queue)
 
 
 @pytest.fixture

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, connections
 from django.utils import timezone
@@ -40,6 +39,7 @@ from durable_django.stores import OrmStore
 from durable_django.tick import TickResult
 from durable_django.ticker import Ticker
 
+from .brokers import Broker
 from .celery_app import app
 from .fault_workflows import quick
 from .faults import (
@@ -52,7 +52,7 @@ from .faults import (
     proxied_settings,
 )
 from .test_worker_recovery import wait_until
-from .worker import ROOT, WAIT, delete_queue, running_worker, unique_queue
+from .worker import ROOT, WAIT, running_worker, unique_queue
 
 ALIAS = "faults"
 WORKFLOWS = ["tests.fault_workflows"]
@@ -254,12 +254,12 @@ def test_a_failing_tick_is_logged_with_its_cause_and_the_loop_waits_longer(
 
 
 @pytest.fixture
-def worker_queue(broker: redis.Redis) -> Iterator[str]:
+def worker_queue(redis_broker: Broker) -> Iterator[str]:
     queue = unique_queue("durable-tick-faults")
     try:
         yield queue
     finally:
-        delete_queue(broker, queue)
+        redis_broker.delete_queue(queue)
 
 
 @with_faults
