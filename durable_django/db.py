@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 
 def close_connections() -> None:
@@ -55,6 +55,16 @@ def close_dropped_connections() -> None:
         except Exception:
             with contextlib.suppress(Exception):
                 connection.close()
+
+
+def connection_lost(error: BaseException, using: str) -> bool:
+    """Whether ``error`` is the database ``using`` going away (a restart, a failover, a
+    network cut: its connection no longer answers), not the database refusing one
+    statement, after which the connection goes on working."""
+    if not isinstance(error, DatabaseError):
+        return False
+    connection = connections[using]
+    return connection.connection is None or not connection.is_usable()
 
 
 def one_line(error: BaseException) -> str:

@@ -23,10 +23,16 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from .db import close_connections, close_dropped_connections, close_stale_connections, one_line
+from .db import (
+    close_connections,
+    close_dropped_connections,
+    close_stale_connections,
+    connection_lost,
+    one_line,
+)
 from .errors import ChildWorkflowError, ConcurrencyLimitError, DurableError, UnstorableValueError
 from .limits import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK, text_lengths
 from .serialization import json_copy, storable_text, validate_text
@@ -83,6 +89,28 @@ class Suspend(BaseException):
 
 class LeaseLost(BaseException):
     """The worker no longer holds the run (cancelled, or its lease was handed on)."""
+
+
+class DatabaseLost(BaseException):
+    """The store's database went away during a durable call (a restart, a failover, a
+    network cut). The turn ends and records nothing; the run is handed back, to be
+    replayed, rather than failed for what was no fault of its own.
+
+    A ``BaseException`` so that a body's ``except Exception`` does not swallow it.
+    """
+
+
+@contextlib.contextmanager
+def _reaching(store: Any) -> Iterator[None]:
+    """A durable call's reads and writes: a database that went away ends the turn
+    (:class:`DatabaseLost`); one that refuses a statement raises its error to the body."""
+    try:
+        yield
+    except DatabaseError as error:
+        using = getattr(store, "using", None)
+        if using is not None and connection_lost(error, using):
+            raise DatabaseLost(one_line(error)) from error
+        raise
 
 
 def error_payload(error: BaseException) -> dict[str, Any]:
@@ -200,13 +228,14 @@ class Context:
         """
         store = self.engine.store
         record_held_step = getattr(store, "record_held_step", None)
-        if record_held_step is not None:
-            # The same, in one round trip on PostgreSQL.
-            held = record_held_step(self.run_id, step, self.owner, replace=replace)
-        else:
-            held = record_held_with_primitives(
-                store, self.run_id, self.owner, step, replace=replace
-            )
+        with _reaching(store):
+            if record_held_step is not None:
+                # The same, in one round trip on PostgreSQL.
+                held = record_held_step(self.run_id, step, self.owner, replace=replace)
+            else:
+                held = record_held_with_primitives(
+                    store, self.run_id, self.owner, step, replace=replace
+                )
         if not held:
             self.lease_lost.set()
             raise LeaseLost(self.run_id)
@@ -344,7 +373,7 @@ class Context:
         """Take a kept signal if this worker still holds the run (else :class:`LeaseLost`):
         a stalled worker must not consume the signal meant for the run's new holder."""
         store = self.engine.store
-        with store.atomic():
+        with _reaching(store), store.atomic():
             held = store.transition(
                 self.run_id, [RunStatus.RUNNING], RunStatus.RUNNING, owner=self.owner
             )
@@ -383,7 +412,8 @@ class Context:
         or when the child was deleted before this run read its outcome.
         """
         run_id, _ = self._start_child(workflow, input, child_id, options)
-        child = self.engine.store.get_run(run_id)
+        with _reaching(self.engine.store):
+            child = self.engine.store.get_run(run_id)
         if child is None:
             # Recorded as started, so it was deleted since: waiting would never end.
             raise ChildWorkflowError(
@@ -411,12 +441,13 @@ class Context:
         if recorded is None:
             run_id = child_id if child_id is not None else f"{self.run_id}/{position}"
             try:
-                handle = self.engine.start_child(self.run, definition, input, run_id, **options)
+                with _reaching(self.engine.store):
+                    handle = self.engine.start_child(self.run, definition, input, run_id, **options)
+                    if not handle.created:
+                        _check_own_child(self, run_id)
             except ConcurrencyLimitError as error:
                 recorded = StepRecord(position, name, error=refusal_payload(error))
             else:
-                if not handle.created:
-                    _check_own_child(self, run_id)
                 recorded = StepRecord(
                     position, name, result={"child_id": run_id, "created": handle.created}
                 )
@@ -685,11 +716,18 @@ def execute_run(engine: Engine, run_id: str) -> bool:
             status, fields = _run_body(definition.body, context)
     except LeaseLost:
         return True
+    except DatabaseLost as lost:
+        _hand_back(engine, run, owner, str(lost))
+        return True
     finally:
         current_context.reset(token)
-    status, fields, finished = _write_turn_end(
-        store, run_id, owner, status, context.unwritten, {**fields, **_RELEASED}
-    )
+    try:
+        status, fields, finished = _write_turn_end(
+            store, run_id, owner, status, context.unwritten, {**fields, **_RELEASED}
+        )
+    except DatabaseLost as lost:
+        _hand_back(engine, run, owner, str(lost))
+        return True
     if finished:
         _after_turn(engine, run, status, fields.get("wait"))
     return True
@@ -704,9 +742,11 @@ def _write_turn_end(
     step already), so a write the database still refuses is tried once more (a deadlock
     or a dropped connection passes). Refused again, the run ends ``failed`` with an
     error record every database holds instead: a run must never stay ``running``, to be
-    handed on and replayed at each lease, holding its slot. Only when that write fails
-    too (the database is unreachable) does the error propagate; the run's lease then
-    lapses and the tick hands it on.
+    handed on and replayed at each lease, holding its slot. A database that went away
+    rather than refused (its connection no longer answers) raises :class:`DatabaseLost`:
+    the run is handed back (:func:`_hand_back`), not failed. Only when the failed end's
+    write fails too does the error propagate; the run's lease then lapses and the tick
+    hands it on.
     """
     refusal: Exception | None = None
     for _ in range(2):
@@ -717,6 +757,10 @@ def _write_turn_end(
             logger.warning("run %r: the end of its turn was refused", run_id, exc_info=True)
             refusal = error
     assert refusal is not None
+    using = getattr(store, "using", None)
+    if using is not None and connection_lost(refusal, using):
+        # Not refused: unreachable. Nothing of the run is at fault.
+        raise DatabaseLost(one_line(refusal)) from refusal
     failed = {
         **_RELEASED,
         "output": None,
@@ -730,6 +774,41 @@ def _write_turn_end(
             run_id, [RunStatus.RUNNING], RunStatus.FAILED, owner=owner, **failed
         )
     return RunStatus.FAILED, failed, held
+
+
+def _hand_back(engine: Engine, run: RunRecord, owner: str, why: str) -> None:
+    """After the database went away during a turn: make the run pending again, and send
+    it, if the database is back; if not, the run keeps its lease until it lapses and the
+    tick hands it on. Either way the turn recorded nothing more, and its last step runs
+    again on the next turn (steps run at least once)."""
+    close_connections()
+    try:
+        handed = engine.store.transition(
+            run.run_id,
+            [RunStatus.RUNNING],
+            RunStatus.PENDING,
+            owner=owner,
+            lease_owner="",
+            lease_expires_at=None,
+        )
+    except DatabaseError as error:
+        close_connections()
+        logger.warning(
+            "run %r: the database went away during its turn (%s) and is still away (%s); "
+            "the run is handed on once its lease lapses",
+            run.run_id,
+            why,
+            one_line(error),
+        )
+        return
+    logger.warning(
+        "run %r: the database went away during its turn (%s); %s",
+        run.run_id,
+        why,
+        "handed back, to be replayed" if handed else "another worker or the tick has it",
+    )
+    if handed:
+        engine.send(run.run_id, run.queue)
 
 
 def _unwritten_payload(status: str, error: Exception) -> dict[str, Any]:

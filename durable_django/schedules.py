@@ -27,11 +27,12 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, croniter
 from django.apps import apps
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.backends.base.operations import BaseDatabaseOperations
 from django.utils import timezone
 
 from . import concurrency as quotas
+from .db import connection_lost
 from .errors import ConcurrencyLimitError, DurableError, UnstorableValueError
 from .limits import MAX_ERROR_MESSAGE, text_lengths
 from .serialization import json_copy, storable_text, text_problem, validate_text
@@ -445,10 +446,7 @@ def belongs_to_one_schedule(error: Exception, using: str) -> bool:
     """Whether ``error`` is one schedule's own (its values refused by the database, its
     workflow unknown, its code raising), so the others still go on; not when the
     connection to the database ``using`` is lost, which is everyone's."""
-    if not isinstance(error, DatabaseError):
-        return True
-    connection = connections[using]
-    return connection.connection is not None and connection.is_usable()
+    return not connection_lost(error, using)
 
 
 def fire_due(engine: Engine, now: datetime.datetime) -> list[Firing]:

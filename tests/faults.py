@@ -91,6 +91,12 @@ class TcpProxy:
         """Drop every connection through the proxy and refuse new ones."""
         with self._lock:
             self._cut = True
+        self.drop()
+
+    def drop(self) -> None:
+        """Drop every connection through the proxy and go on accepting new ones: a server
+        that restarted at once, or a failover, as its clients see it."""
+        with self._lock:
             sockets, self._open = self._open, set()
         for sock in sockets:
             _close(sock)

@@ -1,0 +1,122 @@
+"""A turn whose database goes away: the run is handed back or recovered, never failed.
+
+The turns run in the test process on an engine whose store reaches the test database
+through a :class:`~tests.faults.TcpProxy` of the test's own, which a step's function
+drops (the server comes back at once: a restart, a failover) or cuts (the server stays
+away). On PostgreSQL and MariaDB; SQLite has no server to lose.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from durable_django import Engine, RunStatus
+from durable_django.registry import Registry
+from durable_django.stores import OrmStore
+
+from .faults import TcpProxy, database_alias, proxied_settings
+
+ALIAS = "turn_faults"
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True, databases=["default", ALIAS]),
+    pytest.mark.server_db,
+]
+
+
+@pytest.fixture(scope="module")
+def proxied(django_db_setup: None) -> Iterator[TcpProxy]:
+    """A proxy in front of the test database's server, and the test database through it
+    as the database ``ALIAS``."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no server to lose")
+    host, port = connection.settings_dict["HOST"], int(connection.settings_dict["PORT"])
+    with TcpProxy(host, port) as running, database_alias(ALIAS, proxied_settings(running)):
+        yield running
+
+
+@pytest.fixture
+def proxy(proxied: TcpProxy) -> Iterator[TcpProxy]:
+    yield proxied
+    proxied.restore()
+
+
+@pytest.fixture
+def engine(proxy: TcpProxy, registry: Registry) -> Engine:
+    return Engine(store=OrmStore(using=ALIAS), registry=registry, enqueue=False)
+
+
+def register(engine: Engine, proxy: TcpProxy, fault: str, calls: list[str]) -> str:
+    """A workflow whose step ``a`` makes the fault, then ends the turn after step ``b``
+    (``then="b"``) or right after ``a`` (``then="end"``)."""
+
+    def a() -> str:
+        calls.append("a")
+        if len(calls) == 1:
+            getattr(proxy, fault)()
+        return "a"
+
+    def body(ctx: Any, input: dict[str, str]) -> str:
+        ctx.step("a", a)
+        if input["then"] == "b":
+            ctx.step("b", lambda: "b")
+        return "done"
+
+    engine.register("faults.turn", "1", body)
+    return "faults.turn"
+
+
+def test_a_database_back_at_once_hands_the_run_back_to_be_replayed(engine, proxy):
+    calls: list[str] = []
+    workflow = register(engine, proxy, "drop", calls)
+    run_id = engine.start(workflow, {"then": "b"}).run_id
+
+    # Step a's record, written at the next durable call, finds the connection dropped.
+    assert engine.execute(run_id)
+    run = engine.get_run(run_id)
+    assert (run.status, run.error, run.lease_owner) == (RunStatus.PENDING, None, "")
+    assert engine.store.get_steps(run_id) == []
+
+    assert engine.execute(run_id)
+    run = engine.get_run(run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "done")
+    assert calls == ["a", "a"]  # at least once: its record was lost with the connection
+
+
+def test_the_end_of_a_turn_written_again_on_a_new_connection(engine, proxy):
+    calls: list[str] = []
+    workflow = register(engine, proxy, "drop", calls)
+    run_id = engine.start(workflow, {"then": "end"}).run_id
+
+    assert engine.execute(run_id)
+    run = engine.get_run(run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "done")
+    assert calls == ["a"]
+
+
+@pytest.mark.parametrize("then", ["b", "end"])
+def test_a_database_that_stays_away_leaves_the_run_to_its_lease(engine, proxy, then):
+    calls: list[str] = []
+    workflow = register(engine, proxy, "cut", calls)
+    run_id = engine.start(workflow, {"then": then}).run_id
+
+    assert engine.execute(run_id)
+    proxy.restore()
+    run = engine.get_run(run_id)
+    # Not failed: still held under the lease of the turn that lost its database.
+    assert (run.status, run.error) == (RunStatus.RUNNING, None)
+    assert run.lease_expires_at is not None
+
+    later = run.lease_expires_at + datetime.timedelta(seconds=1)
+    assert engine.tick(now=later).recovered == 1
+    assert engine.execute(run_id)
+    run = engine.get_run(run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "done")
+    assert calls == ["a", "a"]
+    assert run.finished_at is not None and run.finished_at <= timezone.now()
