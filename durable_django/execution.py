@@ -29,7 +29,6 @@ from django.utils import timezone
 from .db import (
     close_connections,
     close_dropped_connections,
-    close_stale_connections,
     connection_lost,
     one_line,
 )
@@ -846,7 +845,8 @@ def _refusable(store: Any) -> Iterator[None]:
     try:
         yield
     except Exception:
-        close_stale_connections()
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
         raise
 
 

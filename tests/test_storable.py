@@ -356,7 +356,7 @@ def test_a_write_refused_once_is_written_on_the_second_try(registry, fast_path, 
     with refusing("durable_run", "UPDATE", condition):
         handle = engine.start("wf", MARKER)
         assert engine.execute(handle.run_id)
-    assert handle.result() == {"note": MARKER}
+    assert handle.result(timeout=30) == {"note": MARKER}
 
 
 @pytest.mark.django_db(transaction=True)
