@@ -129,23 +129,22 @@ def test_an_unexpected_error_on_the_second_subscriber_creates_nothing(engine: En
 
 
 @pytest.fixture
-def sent_to(broker) -> Iterator[tuple[Engine, str]]:
+def sent_to(redis_broker) -> Iterator[tuple[Engine, str]]:
     """An engine on the ORM store sending its runs to a queue nobody consumes."""
-    from .worker import delete_queue, unique_queue
+    from .worker import unique_queue
 
     queue = unique_queue("durable-publish")
     try:
         yield Engine(store=OrmStore(), registry=Registry(), enqueue=True, queue=queue), queue
     finally:
-        delete_queue(broker, queue)
+        redis_broker.delete_queue(queue)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_subscriber_the_database_refuses_undoes_the_whole_publish(sent_to, broker):
+def test_a_subscriber_the_database_refuses_undoes_the_whole_publish(sent_to, redis_broker):
     """The second subscriber's run (in the order of the quota keys) is refused by the
     database: the first one's run is rolled back with it, and no message goes out."""
     from .database_refusal import MESSAGE, runs_refused
-    from .worker import queued_count
 
     engine, queue = sent_to
     subscribe(engine, "a-first", limit=5)  # key a-first:acme: started first
@@ -153,7 +152,7 @@ def test_a_subscriber_the_database_refuses_undoes_the_whole_publish(sent_to, bro
     with runs_refused("b-second"), pytest.raises(DatabaseError, match=MESSAGE):
         engine.publish_event("payment.settled", {"tenant": "acme"}, id="evt-1")
     assert engine.list_runs() == []
-    assert queued_count(broker, queue) == 0
+    assert redis_broker.queued_count(queue) == 0
 
     # Published again once the database takes it: every subscriber starts, once.
     result = engine.publish_event("payment.settled", {"tenant": "acme"}, id="evt-1")
@@ -161,7 +160,7 @@ def test_a_subscriber_the_database_refuses_undoes_the_whole_publish(sent_to, bro
         ("a-first", True),
         ("b-second", True),
     ]
-    assert queued_count(broker, queue) == 2
+    assert redis_broker.queued_count(queue) == 2
 
 
 @pytest.mark.django_db(transaction=True)
