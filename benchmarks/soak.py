@@ -348,6 +348,20 @@ class Peaks:
         self.samples += 1
 
 
+def runs_failed_by_a_fault() -> list[tuple[str, str]]:
+    """Failed runs whose error is not the soak's failing step: a run failed by a fault
+    (a killed worker, a restarted database) instead of being recovered."""
+    import json
+
+    found = []
+    for run_id, error in sql("SELECT id, error FROM durable_run WHERE status = 'failed'"):
+        error = json.loads(error) if isinstance(error, str) else error
+        message = str((error or {}).get("message", ""))
+        if "the soak's failing step" not in message:
+            found.append((run_id, message[:200]))
+    return found
+
+
 def active_runs() -> int:
     from django.db import DatabaseError, connection
 
@@ -463,6 +477,7 @@ def summarise(
         "SELECT COUNT(*) FROM durable_run_tag t JOIN durable_run r ON r.id = t.run_id "
         "WHERE t.status <> r.status"
     )[0][0]
+    faulted = runs_failed_by_a_fault()
     over = [k for k, limit in limits.items() if max(peaks.by_run[k], peaks.by_tag[k]) > limit]
 
     killed, restarts = faults
@@ -487,6 +502,7 @@ def summarise(
         ("signals sent", counts["signalled"]),
         ("runs in the database", sum(by_status.values())),
         ("runs ended", f"{ended}  {dict(sorted(finished.items()))}"),
+        ("runs failed by a fault, not their step", len(faulted)),
         ("runs stuck after the drain", f"{sum(stuck.values())}  {stuck or ''}".rstrip()),
         ("drain took (s)", f"{drained:.1f}"),
         ("tag rows without a run", orphan_tags),
@@ -498,7 +514,9 @@ def summarise(
         print(f"{label:<38} {value}")
     for error in errors:
         print(f"  {error}")
-    failed = bool(over or stuck or orphan_tags or drifted_tags or counts["errors"])
+    for run_id, message in faulted[:5]:
+        print(f"  {run_id}: {message}")
+    failed = bool(faulted or over or stuck or orphan_tags or drifted_tags or counts["errors"])
     print()
     print("FAILED" if failed else "OK: never over a limit, every run ended, no orphan or drift")
     return 1 if failed else 0
