@@ -3,7 +3,6 @@ database, and a turn whose end the database refuses still ends the run."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
@@ -16,6 +15,7 @@ from durable_django.serialization import json_copy, storable_text
 from durable_django.stores import OrmStore
 from durable_django.testing import run_until_idle
 
+from .database_refusal import MESSAGE, refusing
 from .test_bad_input import NUL, SURROGATE, nested
 
 ONE_SLOT = {"key": "k", "limit": 1}
@@ -196,47 +196,6 @@ def contains_marker(column: str) -> str:
     return f"NEW.{column}{cast} LIKE '%{MARKER}%'"
 
 
-@contextlib.contextmanager
-def refusing(table: str, event: str, condition: str):
-    """A trigger of the test's own making the database refuse a write to ``table`` whose
-    new row meets ``condition``."""
-    vendor = connection.vendor
-    if vendor == "sqlite":
-        create = [
-            f"CREATE TRIGGER durable_test_refuse BEFORE {event} ON {table} "
-            f"WHEN {condition} BEGIN SELECT RAISE(ABORT, 'refused by a trigger'); END"
-        ]
-        drop = ["DROP TRIGGER durable_test_refuse"]
-    elif vendor == "postgresql":
-        create = [
-            "CREATE FUNCTION durable_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            f"BEGIN IF {condition} THEN RAISE EXCEPTION 'refused by a trigger'; END IF; "
-            "RETURN NEW; END $$",
-            f"CREATE TRIGGER durable_test_refuse BEFORE {event} ON {table} "
-            "FOR EACH ROW EXECUTE FUNCTION durable_test_refuse()",
-        ]
-        drop = [
-            f"DROP TRIGGER durable_test_refuse ON {table}",
-            "DROP FUNCTION durable_test_refuse()",
-        ]
-    else:
-        create = [
-            f"CREATE TRIGGER durable_test_refuse BEFORE {event} ON {table} FOR EACH ROW "
-            f"BEGIN IF {condition} THEN "
-            "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by a trigger'; END IF; END"
-        ]
-        drop = ["DROP TRIGGER durable_test_refuse"]
-    with connection.cursor() as cursor:
-        for sql in create:
-            cursor.execute(sql)
-    try:
-        yield
-    finally:
-        with connection.cursor() as cursor:
-            for sql in drop:
-                cursor.execute(sql)
-
-
 @pytest.fixture
 def first_time_only():
     """SQL true only the first time it is evaluated, whatever is rolled back: a sequence
@@ -283,7 +242,7 @@ def assert_ended_unwritten(engine: Engine, run_id: str, unwritten: str) -> None:
     assert run.lease_owner == "" and run.wait is None and run.output is None
     assert run.error["unwritten"] == unwritten
     assert run.error["message"].startswith(f"the end of the turn ({unwritten}) could not be")
-    assert "refused by a trigger" in run.error["message"] and run.error["message"].isascii()
+    assert MESSAGE in run.error["message"] and run.error["message"].isascii()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -343,7 +302,7 @@ def test_a_record_refused_mid_turn_fails_the_run(registry, fast_path):
         handle = engine.start("wf", {}, concurrency=ONE_SLOT)
         assert engine.execute(handle.run_id)
     run = engine.get_run(handle.run_id)
-    assert run.status == RunStatus.FAILED and "refused by a trigger" in run.error["message"]
+    assert run.status == RunStatus.FAILED and MESSAGE in run.error["message"]
     assert engine.start("wf", {}, concurrency=ONE_SLOT).created
 
 
