@@ -10,10 +10,10 @@ from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.recorder import MigrationRecorder
 
 from durable_django import ConcurrencyLimitError, Engine, RunStatus
-from durable_django.checks import BINARY_COLLATION_MIGRATION, collation_errors
 from durable_django.fields import binary_collation
 from durable_django.models import QuotaLock, Schedule
 from durable_django.stores import MemoryStore, OrmStore
+from durable_django.stores.database_checks import BINARY_COLLATION_MIGRATION, collation_errors
 from durable_django.testing import run_until_idle
 
 from .conftest import echo, force_status
@@ -271,6 +271,9 @@ def test_the_migration_reverses_and_a_faked_one_is_an_error():
             assert f"{column} ({database_default()})" in errors[0].msg
         assert "durable_step.name" not in errors[0].msg
         assert "migrate durable_django 0008 --skip-checks" in errors[0].hint
+        # The store gives it with ``--database`` (and during ``migrate``) only.
+        assert OrmStore().check(databases=["default"]) == errors
+        assert OrmStore().check() == []
         recorder.record_unapplied(*BINARY_COLLATION_MIGRATION)
     finally:
         executor = MigrationExecutor(connection)

@@ -222,20 +222,6 @@ def test_scope_reads_fences_reads_and_the_count(registry, store_kind, db):
         blue.start("wf", {}, green_run)
 
 
-def test_a_store_without_count_runs_counts_a_listing(registry):
-    class ListingOnlyStore(MemoryStore):
-        count_runs = None  # type: ignore[assignment]
-
-    engine = Engine(store=ListingOnlyStore(), registry=registry, enqueue=False)
-    engine.register("wf", "1", echo, concurrency={"key": lambda i: "k", "limit": 2})
-    engine.start("wf", {})
-    engine.start("wf", {})
-    with pytest.raises(ConcurrencyLimitError) as refused:
-        engine.start("wf", {})
-    assert refused.value.active == 2
-    assert engine.count_runs(tag="concurrency:k") == 2
-
-
 def test_count_runs_filters(engine: Engine):
     engine.register("wf", "1", echo, concurrency={"key": lambda i: i["k"], "limit": 5})
     first = engine.start("wf", {"k": "a"})

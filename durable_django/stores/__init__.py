@@ -1,6 +1,8 @@
-"""Stores: where runs live. ``OrmStore`` is the default; ``MemoryStore`` is for tests."""
+"""Stores: where runs live. ``OrmStore`` is the default; ``MemoryStore`` is for tests.
+Both implement :class:`BaseStore`, the store contract."""
 
-from .base import NewRun, RunRecord, StartOutcome, StepRecord, Store
+from ..records import NewRun, RunRecord, StartOutcome, StepRecord
+from .base import BaseStore, Store
 from .memory import MemoryStore
 
 
@@ -13,4 +15,13 @@ def __getattr__(name: str) -> object:
     raise AttributeError(name)
 
 
-__all__ = ["MemoryStore", "NewRun", "OrmStore", "RunRecord", "StartOutcome", "StepRecord", "Store"]
+__all__ = [
+    "BaseStore",
+    "MemoryStore",
+    "NewRun",
+    "OrmStore",
+    "RunRecord",
+    "StartOutcome",
+    "StepRecord",
+    "Store",
+]
