@@ -127,7 +127,8 @@ class BaseStore(abc.ABC):
     @abc.abstractmethod
     def due_runs(self, now: datetime, pending_before: datetime, limit: int) -> list[RunRecord]:
         """Runs the tick must hand on: suspended or blocked ones due at ``now``, running ones
-        whose lease expired before ``now``, pending ones untouched since ``pending_before``."""
+        whose lease expired before ``now``, pending ones untouched since ``pending_before``;
+        at most ``limit``. Their ``tags`` may be left empty."""
 
     @abc.abstractmethod
     def get_steps(self, run_id: str) -> list[StepRecord]:
@@ -164,7 +165,8 @@ class BaseStore(abc.ABC):
 
     @abc.abstractmethod
     def runs_waiting_on_signal(self, token: str) -> list[RunRecord]:
-        """Suspended runs whose ``wait`` is ``{"signal": token}``."""
+        """Suspended runs whose ``wait`` is ``{"signal": token}``. Their ``tags`` may be
+        left empty."""
 
     @abc.abstractmethod
     def delete_run(self, run_id: str) -> None:
