@@ -741,7 +741,7 @@ def _write_turn_end(
     if store.connection_lost(refusal):
         # Not refused: unreachable. Nothing of the run is at fault.
         raise DatabaseLost(one_line(refusal)) from refusal
-    failed = {
+    failed: dict[str, Any] = {
         **_RELEASED,
         "output": None,
         "error": _unwritten_payload(status, refusal),

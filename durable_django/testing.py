@@ -22,7 +22,9 @@ def run_until_idle(engine: Engine | None = None, *, max_turns: int = 10_000) -> 
     settles).
     """
     if engine is None:
-        from .engines import default_engine as engine
+        from .engines import default_engine
+
+        engine = default_engine
     turns = 0
     while True:
         ready = [

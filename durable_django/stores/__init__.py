@@ -1,9 +1,14 @@
 """Stores: where runs live. ``OrmStore`` is the default; ``MemoryStore`` is for tests.
 Both implement :class:`BaseStore`, the store contract."""
 
+from typing import TYPE_CHECKING
+
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from .base import BaseStore, Store
 from .memory import MemoryStore
+
+if TYPE_CHECKING:
+    from .orm import OrmStore
 
 
 def __getattr__(name: str) -> object:

@@ -113,7 +113,10 @@ class MemoryStore(BaseStore):
                         run.lease_expires_at is None or run.lease_expires_at >= lease_expired_before
                     )
                 )
-                or (updated_before is not None and run.updated_at >= updated_before)
+                or (
+                    updated_before is not None
+                    and (run.updated_at is None or run.updated_at >= updated_before)
+                )
             ):
                 return False
             self._runs[run_id] = dataclasses.replace(
@@ -132,7 +135,11 @@ class MemoryStore(BaseStore):
                     and run.lease_expires_at is not None
                     and run.lease_expires_at < now
                 )
-                or (run.status == "pending" and run.updated_at < pending_before)
+                or (
+                    run.status == "pending"
+                    and run.updated_at is not None
+                    and run.updated_at < pending_before
+                )
             ]
         return due[:limit]
 
