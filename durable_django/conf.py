@@ -8,6 +8,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from .stores.base import BaseStore
+
 DEFAULTS: dict[str, Any] = {
     # Dotted path to a store class, or a store instance.
     "STORE": "durable_django.stores.OrmStore",
@@ -44,8 +46,9 @@ def durable_settings() -> dict[str, Any]:
     return {**DEFAULTS, **configured}
 
 
-def build_store(value: Any) -> Any:
-    """A store from a dotted path, a class or an instance."""
+def build_store(value: Any) -> BaseStore:
+    """A store from a dotted path, a class or an instance; refuse anything that is not a
+    :class:`~durable_django.stores.BaseStore`."""
     if isinstance(value, str):
         try:
             value = import_string(value)
@@ -55,4 +58,9 @@ def build_store(value: Any) -> Any:
             ) from error
     if isinstance(value, type):
         value = value()
+    if not isinstance(value, BaseStore):
+        raise TypeError(
+            f"the store must be an instance of durable_django.stores.BaseStore (or a class "
+            f"or dotted path making one), not {value!r}"
+        )
     return value

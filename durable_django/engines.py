@@ -34,12 +34,12 @@ from .signals import run_finished, run_refused, run_started
 from .signals import send as send_signal
 from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES, RunStatus
 from .stores.base import (
+    BaseStore,
     NewRun,
     RunRecord,
     StartOutcome,
     check_quota,
     quota_transaction,
-    start_with_primitives,
 )
 from .tick import TickResult, tick
 
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 class EngineConfig:
     """An engine's options once resolved against the settings."""
 
-    store: Any
+    store: BaseStore
     namespace: str
     scope_reads: bool
     queue: str
@@ -163,7 +163,7 @@ class Engine:
         self._config = None
 
     @property
-    def store(self) -> Any:
+    def store(self) -> BaseStore:
         """The store runs live in."""
         return self.config.store
 
@@ -378,14 +378,8 @@ class Engine:
     def _store_start(
         self, run: NewRun, quota: quotas.Quota | None, check_existing: bool
     ) -> StartOutcome:
-        store = self.store
-        start_run = getattr(store, "start_run", None)
-        if start_run is not None:
-            return start_run(
-                run, quota, check_existing=check_existing, read_namespace=self.read_namespace
-            )
-        return start_with_primitives(
-            store, run, quota, check_existing=check_existing, read_namespace=self.read_namespace
+        return self.store.start_run(
+            run, quota, check_existing=check_existing, read_namespace=self.read_namespace
         )
 
     # waking, signals, cancel and retry ----------------------------------------------
@@ -582,10 +576,7 @@ class Engine:
         _check_filters(tag=tag)
         statuses = _check_statuses(statuses)
         namespace = self._read_namespace_for(namespace)
-        count_runs = getattr(self.store, "count_runs", None)
-        if count_runs is not None:
-            return count_runs(tag=tag, statuses=statuses, namespace=namespace)
-        return len(self.store.list_runs(tag=tag, statuses=statuses, namespace=namespace))
+        return self.store.count_runs(tag=tag, statuses=statuses, namespace=namespace)
 
     def quota_usage(self, key: str | None = None) -> list[QuotaUsage]:
         """Every quota key holding active runs (or just ``key``): how many, for which

@@ -29,17 +29,17 @@ from django.utils import timezone
 from .db import (
     close_connections,
     close_dropped_connections,
-    connection_lost,
     one_line,
 )
 from .errors import ChildWorkflowError, ConcurrencyLimitError, DurableError, UnstorableValueError
 from .limits import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK, text_lengths
+from .records import RunRecord, StepRecord
 from .serialization import json_copy, storable_text, validate_text
 from .status import TERMINAL_STATUSES, RunStatus
-from .stores.base import RunRecord, StepRecord, record_held_with_primitives
 
 if TYPE_CHECKING:
     from .engines import Engine, RunHandle
+    from .stores.base import BaseStore
 
 logger = logging.getLogger(__name__)
 
@@ -100,14 +100,13 @@ class DatabaseLost(BaseException):
 
 
 @contextlib.contextmanager
-def _reaching(store: Any) -> Iterator[None]:
+def _reaching(store: BaseStore) -> Iterator[None]:
     """A durable call's reads and writes: a database that went away ends the turn
     (:class:`DatabaseLost`); one that refuses a statement raises its error to the body."""
     try:
         yield
     except DatabaseError as error:
-        using = getattr(store, "using", None)
-        if using is not None and connection_lost(error, using):
+        if store.connection_lost(error):
             raise DatabaseLost(one_line(error)) from error
         raise
 
@@ -226,15 +225,8 @@ class Context:
         would clash with the new holder's, and its body must not go on to the next step.
         """
         store = self.engine.store
-        record_held_step = getattr(store, "record_held_step", None)
         with _reaching(store):
-            if record_held_step is not None:
-                # The same, in one round trip on PostgreSQL.
-                held = record_held_step(self.run_id, step, self.owner, replace=replace)
-            else:
-                held = record_held_with_primitives(
-                    store, self.run_id, self.owner, step, replace=replace
-                )
+            held = store.record_held_step(self.run_id, step, self.owner, replace=replace)
         if not held:
             self.lease_lost.set()
             raise LeaseLost(self.run_id)
@@ -677,21 +669,11 @@ def execute_run(engine: Engine, run_id: str) -> bool:
     now = timezone.now()
     lease = datetime.timedelta(seconds=config.lease_seconds)
     claim = {"lease_owner": owner, "lease_expires_at": now + lease, "started_at": now}
-    steps: list[StepRecord] | None = None
-    claim_run = getattr(store, "claim_run", None)
-    if claim_run is not None:
-        # The claim, the run and its steps at once (one round trip on PostgreSQL).
-        claimed = claim_run(run_id, **claim, wake_at=None)
-        if claimed is None:
-            return False
-        run, steps = claimed
-    else:
-        if not store.transition(
-            run_id, [RunStatus.PENDING], RunStatus.RUNNING, **claim, wake_at=None
-        ):
-            return False
-        run = store.get_run(run_id)
-        assert run is not None
+    # The claim, the run and its steps at once (one round trip on PostgreSQL).
+    claimed = store.claim_run(run_id, **claim, wake_at=None)
+    if claimed is None:
+        return False
+    run, steps = claimed
     definition = engine.registry.get(run.workflow, run.version)
     if definition is None or definition.body is None:
         store.transition(
@@ -708,7 +690,7 @@ def execute_run(engine: Engine, run_id: str) -> bool:
             ),
         )
         return True
-    context = Context(engine, run, store.get_steps(run_id) if steps is None else steps, owner)
+    context = Context(engine, run, steps, owner)
     token = current_context.set(context)
     try:
         with _lease_kept(engine, context, config.lease_seconds):
@@ -733,7 +715,7 @@ def execute_run(engine: Engine, run_id: str) -> bool:
 
 
 def _write_turn_end(
-    store: Any, run_id: str, owner: str, status: str, step: StepRecord | None, fields: Any
+    store: BaseStore, run_id: str, owner: str, status: str, step: StepRecord | None, fields: Any
 ) -> tuple[str, dict[str, Any], bool]:
     """End the turn as the body left it: ``(status, fields, whether the run was held)``.
 
@@ -756,11 +738,10 @@ def _write_turn_end(
             logger.warning("run %r: the end of its turn was refused", run_id, exc_info=True)
             refusal = error
     assert refusal is not None
-    using = getattr(store, "using", None)
-    if using is not None and connection_lost(refusal, using):
+    if store.connection_lost(refusal):
         # Not refused: unreachable. Nothing of the run is at fault.
         raise DatabaseLost(one_line(refusal)) from refusal
-    failed = {
+    failed: dict[str, Any] = {
         **_RELEASED,
         "output": None,
         "error": _unwritten_payload(status, refusal),
@@ -828,12 +809,12 @@ def _unwritten_payload(status: str, error: Exception) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _refusable(store: Any) -> Iterator[None]:
+def _refusable(store: BaseStore) -> Iterator[None]:
     """A write the database may refuse. Inside a transaction of the caller's (a test's),
     in a savepoint, so that the transaction stays usable after a refusal; outside one, a
     connection the refusal broke is closed (MariaDB closes its end on a statement larger
     than ``max_allowed_packet``), so the next write opens a new one."""
-    using = getattr(store, "using", None)
+    using = store.using
     if using is None:  # not a database of Django's
         yield
         return
@@ -851,16 +832,13 @@ def _refusable(store: Any) -> Iterator[None]:
 
 
 def _end_turn(
-    store: Any, run_id: str, owner: str, status: str, step: StepRecord | None, **fields: Any
+    store: BaseStore, run_id: str, owner: str, status: str, step: StepRecord | None, **fields: Any
 ) -> bool:
     """The holder's transition ending the turn, with the turn's unwritten record if any."""
     if step is None:
         return store.transition(run_id, [RunStatus.RUNNING], status, owner=owner, **fields)
-    end_turn = getattr(store, "end_turn", None)
-    if end_turn is not None:
-        # One statement on PostgreSQL.
-        return end_turn(run_id, owner, status, step, **fields)
-    return record_held_with_primitives(store, run_id, owner, step, status, **fields)
+    # One statement on PostgreSQL.
+    return store.end_turn(run_id, owner, status, step, **fields)
 
 
 def _run_body(body: Callable[[Any, Any], Any], context: Context) -> tuple[str, dict[str, Any]]:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
-from .errors import DurableError
 from .status import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -115,19 +114,17 @@ def purge(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
     store = engine.store
-    purge_runs = getattr(store, "purge_runs", None)
-    purge_signals = getattr(store, "purge_signals", None)
-    if purge_runs is None or purge_signals is None:
-        raise DurableError(f"{store!r} cannot purge: it has no purge_runs/purge_signals")
     runs = signals = 0
     after = None
     while True:
-        deleted, after = purge_runs(before, statuses, engine.read_namespace, batch_size, after)
+        deleted, after = store.purge_runs(
+            before, statuses, engine.read_namespace, batch_size, after
+        )
         runs += deleted
         if after is None:
             break
     while True:
-        deleted = purge_signals(before, batch_size)
+        deleted = store.purge_signals(before, batch_size)
         signals += deleted
         if deleted < batch_size:
             break

@@ -429,7 +429,7 @@ def _start_window(
         Schedule.objects.filter(pk=schedule.pk).update(last_error=_storable(message))
         return Firing(schedule.key, window, None, message, refusal=error)
     except Exception as error:
-        if not belongs_to_one_schedule(error, getattr(engine.store, "using", DEFAULT_DB_ALIAS)):
+        if not belongs_to_one_schedule(error, engine.store.using or DEFAULT_DB_ALIAS):
             raise
         message = f"window {window.isoformat()} not started: {error}"
         if not isinstance(error, DurableError | TypeError | ValueError | LookupError):

@@ -1,4 +1,6 @@
-"""Helpers for a project's own tests: drive workflows in-process, without a worker."""
+"""Helpers for a project's own tests: drive workflows in-process, without a worker
+(:func:`run_until_idle`), and check a store of your own against the store contract
+(``StoreContract``, a pytest suite; it imports pytest, so it is loaded on first use)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from .status import RunStatus
 
 if TYPE_CHECKING:
     from .engines import Engine
+    from .stores.contract import StoreContract
 
 
 def run_until_idle(engine: Engine | None = None, *, max_turns: int = 10_000) -> int:
@@ -19,7 +22,9 @@ def run_until_idle(engine: Engine | None = None, *, max_turns: int = 10_000) -> 
     settles).
     """
     if engine is None:
-        from .engines import default_engine as engine
+        from .engines import default_engine
+
+        engine = default_engine
     turns = 0
     while True:
         ready = [
@@ -38,3 +43,14 @@ def run_until_idle(engine: Engine | None = None, *, max_turns: int = 10_000) -> 
         turns += executed
         if turns > max_turns:
             raise RuntimeError(f"run_until_idle: runs still ready after {max_turns} turns")
+
+
+def __getattr__(name: str) -> object:
+    if name == "StoreContract":
+        from .stores.contract import StoreContract
+
+        return StoreContract
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["StoreContract", "run_until_idle"]

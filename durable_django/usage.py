@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .concurrency import (
     DEFAULT_CONCURRENCY_STATUSES,
-    TAG_PREFIX,
     Concurrency,
     limit_for,
     quota_tag,
@@ -17,6 +16,7 @@ from .concurrency import (
 
 if TYPE_CHECKING:
     from .engines import Engine
+    from .stores.base import BaseStore
 
 #: How many of an idle key's latest runs are read to learn which workflows use the key.
 RECENT_RUNS = 50
@@ -58,17 +58,9 @@ class DeclaredLimit:
     error: str | None = None
 
 
-def active_keys(store: Any, namespace: str | None) -> dict[str, dict[str, int]]:
+def active_keys(store: BaseStore, namespace: str | None) -> dict[str, dict[str, int]]:
     """``{key: {workflow: active runs}}`` for every quota key holding active runs."""
-    keys = getattr(store, "quota_keys", None)
-    if keys is not None:
-        return keys(DEFAULT_CONCURRENCY_STATUSES, namespace)
-    found: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for run in store.list_runs(statuses=DEFAULT_CONCURRENCY_STATUSES, namespace=namespace):
-        for tag in run.tags:
-            if tag.startswith(TAG_PREFIX):
-                found[tag[len(TAG_PREFIX) :]][run.workflow] += 1
-    return {key: dict(by_workflow) for key, by_workflow in found.items()}
+    return store.quota_keys(DEFAULT_CONCURRENCY_STATUSES, namespace)
 
 
 def recent_workflows(engine: Engine, key: str) -> tuple[str, ...]:

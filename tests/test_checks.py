@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,15 +22,15 @@ from durable_django.checks import (
     broker_errors,
     celery_warnings,
     check_celery,
-    check_collations,
-    check_databases,
     check_settings,
+    check_store,
     check_workflows,
-    database_warnings,
     quota_warnings,
 )
 from durable_django.engines import default_engine
 from durable_django.registry import make_definition
+from durable_django.stores import MemoryStore, OrmStore
+from durable_django.stores.database_checks import database_warnings
 
 from .conftest import echo
 
@@ -69,15 +70,60 @@ def test_read_committed_is_fine():
 
 
 def test_the_suite_databases_pass():
-    assert check_databases() == []
+    assert check_store() == []
 
 
 @pytest.mark.django_db
 def test_the_suite_database_has_the_collations_of_ids_and_keys():
     """On MySQL/MariaDB the migrations gave them; elsewhere there is nothing to check.
     (``test_exact_comparison`` shows the error.)"""
-    assert check_collations(databases=["default"]) == []
-    assert check_collations() == []  # only with ``--database``
+    assert check_store(databases=["default"]) == []
+    assert OrmStore().check(databases=["default"]) == []
+
+
+def test_the_orm_store_checks_its_own_database_only():
+    loose = {"ENGINE": "django.db.backends.sqlite3", "NAME": "x"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Overriding setting DATABASES ...": read only here
+        with override_settings(DATABASES={**settings.DATABASES, "loose": loose}):
+            assert check_store() == []  # the default engine's store is on "default"
+            messages = OrmStore(using="loose").check()
+    assert ids(messages) == ["durable_django.W001"]
+    assert "database 'loose' is SQLite" in messages[0].msg
+
+
+class CheckedStore(MemoryStore):
+    """A store with a check of its own."""
+
+    def check(self, **kwargs):
+        databases = kwargs.get("databases")
+        return [checks.Warning(f"checked with databases={databases}", id="tests.W001")]
+
+
+def test_the_check_asks_the_configured_store():
+    try:
+        with override_settings(
+            DURABLE={"STORE": "tests.test_checks.CheckedStore", "ENQUEUE": False}
+        ):
+            default_engine.reload()
+            assert [m.msg for m in check_store()] == ["checked with databases=None"]
+            [message] = check_store(databases=["default"])
+            assert message.msg == "checked with databases=['default']"
+            default_engine.reload()
+            with override_settings(DURABLE={"STORE": "durable_django.stores.MemoryStore"}):
+                assert check_store() == []  # a store without checks of its own
+    finally:
+        default_engine.reload()
+
+
+def test_a_store_that_is_not_a_base_store_is_refused():
+    try:
+        with override_settings(DURABLE={"STORE": "collections.OrderedDict"}):
+            [message] = check_settings()
+        assert message.id == "durable_django.E001"
+        assert "must be an instance of durable_django.stores.BaseStore" in message.msg
+    finally:
+        default_engine.reload()
 
 
 def test_unknown_durable_settings_are_errors():

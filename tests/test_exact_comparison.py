@@ -1,6 +1,7 @@
 """Run ids, quota keys, tags, workflow names, namespaces, signal tokens and schedule keys
 compare byte for byte on every database: neither case, nor accents, nor trailing spaces
-are ignored. On the ORM store (each test database) and the memory store."""
+are ignored. On the ORM store (each test database) and the memory store; the store
+contract suite (``tests/test_store_contract.py``) checks the same of each store's calls."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.recorder import MigrationRecorder
 
 from durable_django import ConcurrencyLimitError, Engine, RunStatus
-from durable_django.checks import BINARY_COLLATION_MIGRATION, collation_errors
 from durable_django.fields import binary_collation
 from durable_django.models import QuotaLock, Schedule
-from durable_django.stores import MemoryStore, OrmStore
+from durable_django.stores import OrmStore
+from durable_django.stores.database_checks import BINARY_COLLATION_MIGRATION, collation_errors
 from durable_django.testing import run_until_idle
 
 from .conftest import echo, force_status
@@ -58,16 +59,6 @@ def test_quota_keys(engine: Engine, first: str, second: str):
 
 
 @pytest.mark.parametrize(("first", "second"), PAIRS)
-def test_tags(engine: Engine, first: str, second: str):
-    engine.register("wf", "1", echo)
-    one = engine.start("wf", {}, tags=[first])
-    two = engine.start("wf", {}, tags=[second])
-    assert [r.run_id for r in engine.list_runs(tag=first)] == [one.run_id]
-    assert [r.run_id for r in engine.list_runs(tag=second)] == [two.run_id]
-    assert engine.count_runs(tag=first) == engine.count_runs(tag=second) == 1
-
-
-@pytest.mark.parametrize(("first", "second"), PAIRS)
 def test_workflow_names(engine: Engine, first: str, second: str):
     engine.register(first, "1", echo)
     engine.register(second, "1", echo)
@@ -78,22 +69,6 @@ def test_workflow_names(engine: Engine, first: str, second: str):
     # The same run id with the other name is a clash, not a re-start.
     with pytest.raises(Exception, match="taken by a run of workflow"):
         engine.start(second, {}, run_id=one.run_id)
-
-
-@pytest.mark.parametrize("store_kind", ["orm", "memory"])
-@pytest.mark.parametrize(("first", "second"), PAIRS)
-def test_namespaces(registry, db, store_kind: str, first: str, second: str):
-    store = OrmStore() if store_kind == "orm" else MemoryStore()
-    engines = [
-        Engine(store=store, namespace=name, scope_reads=True, registry=registry, enqueue=False)
-        for name in (first, second)
-    ]
-    engines[0].register("wf", "1", echo)
-    for engine in engines:
-        assert engine.start("wf", {}, concurrency={"key": "shared", "limit": 1}).created
-    for engine, name in zip(engines, (first, second), strict=True):
-        assert [r.namespace for r in engine.list_runs()] == [name]
-        assert engine.count_runs(tag="concurrency:shared") == 1
 
 
 def wait_for_token(ctx, token):
@@ -271,6 +246,9 @@ def test_the_migration_reverses_and_a_faked_one_is_an_error():
             assert f"{column} ({database_default()})" in errors[0].msg
         assert "durable_step.name" not in errors[0].msg
         assert "migrate durable_django 0008 --skip-checks" in errors[0].hint
+        # The store gives it with ``--database`` (and during ``migrate``) only.
+        assert OrmStore().check(databases=["default"]) == errors
+        assert OrmStore().check() == []
         recorder.record_unapplied(*BINARY_COLLATION_MIGRATION)
     finally:
         executor = MigrationExecutor(connection)

@@ -120,16 +120,6 @@ def test_every_active_status_holds_a_slot_by_default(engine: Engine):
         force_status(engine, second.run_id, "cancelled")
 
 
-def test_the_key_is_global_across_workflows(engine: Engine):
-    engine.register("chat.turn", "1", echo, concurrency=TENANT_KEY)
-    engine.register("report.build", "1", echo, concurrency=TENANT_KEY)
-    engine.start("chat.turn", {"tenant": "acme"})
-    engine.start("report.build", {"tenant": "acme"})
-    with pytest.raises(ConcurrencyLimitError) as refused:
-        engine.start("chat.turn", {"tenant": "acme"})
-    assert refused.value.active == 2
-
-
 def test_a_per_start_quota_replaces_the_workflows_entirely(engine: Engine):
     engine.register("wf", "1", echo, concurrency={"key": lambda i: "declared", "limit": 1})
     engine.start("wf", {})
@@ -177,14 +167,6 @@ def test_an_idempotent_restart_returns_the_run_and_is_never_refused(engine: Engi
     assert not engine.start("wf", {}, "order:1").created
 
 
-def test_a_run_id_taken_by_another_workflow_is_refused(engine: Engine):
-    engine.register("a", "1", echo)
-    engine.register("b", "1", echo)
-    engine.start("a", {}, "shared-id")
-    with pytest.raises(DurableError, match="taken by a run of workflow 'a'"):
-        engine.start("b", {}, "shared-id")
-
-
 def test_namespaces_are_stamped_and_the_count_spans_them(registry):
     store = MemoryStore()
     blue = Engine(store=store, namespace="blue", registry=registry, enqueue=False)
@@ -222,30 +204,13 @@ def test_scope_reads_fences_reads_and_the_count(registry, store_kind, db):
         blue.start("wf", {}, green_run)
 
 
-def test_a_store_without_count_runs_counts_a_listing(registry):
-    class ListingOnlyStore(MemoryStore):
-        count_runs = None  # type: ignore[assignment]
-
-    engine = Engine(store=ListingOnlyStore(), registry=registry, enqueue=False)
-    engine.register("wf", "1", echo, concurrency={"key": lambda i: "k", "limit": 2})
-    engine.start("wf", {})
-    engine.start("wf", {})
-    with pytest.raises(ConcurrencyLimitError) as refused:
-        engine.start("wf", {})
-    assert refused.value.active == 2
-    assert engine.count_runs(tag="concurrency:k") == 2
-
-
-def test_count_runs_filters(engine: Engine):
+def test_count_runs_is_the_stores_count_with_its_filters_checked(engine: Engine):
+    """What the count means is the store contract's (``durable_django.testing.StoreContract``)."""
     engine.register("wf", "1", echo, concurrency={"key": lambda i: i["k"], "limit": 5})
-    first = engine.start("wf", {"k": "a"})
     engine.start("wf", {"k": "a"})
     engine.start("wf", {"k": "b"})
-    force_status(engine, first.run_id, RunStatus.COMPLETED)
-    assert engine.count_runs(tag="concurrency:a") == 2
     assert engine.count_runs(tag="concurrency:a", statuses=["pending"]) == 1
-    assert engine.count_runs(statuses=["pending"]) == 2
-    assert engine.count_runs() == 3
+    assert engine.count_runs() == 2
     with pytest.raises(ValueError, match="unknown status"):
         engine.count_runs(statuses=["done"])
 

@@ -1,7 +1,14 @@
-"""Stores: where runs live. ``OrmStore`` is the default; ``MemoryStore`` is for tests."""
+"""Stores: where runs live. ``OrmStore`` is the default; ``MemoryStore`` is for tests.
+Both implement :class:`BaseStore`, the store contract."""
 
-from .base import NewRun, RunRecord, StartOutcome, StepRecord, Store
+from typing import TYPE_CHECKING
+
+from ..records import NewRun, RunRecord, StartOutcome, StepRecord
+from .base import BaseStore, Store
 from .memory import MemoryStore
+
+if TYPE_CHECKING:
+    from .orm import OrmStore
 
 
 def __getattr__(name: str) -> object:
@@ -13,4 +20,13 @@ def __getattr__(name: str) -> object:
     raise AttributeError(name)
 
 
-__all__ = ["MemoryStore", "NewRun", "OrmStore", "RunRecord", "StartOutcome", "StepRecord", "Store"]
+__all__ = [
+    "BaseStore",
+    "MemoryStore",
+    "NewRun",
+    "OrmStore",
+    "RunRecord",
+    "StartOutcome",
+    "StepRecord",
+    "Store",
+]

@@ -1,8 +1,12 @@
 """The store contract: what the engine needs from the place runs are kept.
 
 A store keeps runs, their tags, their recorded steps and the signals sent to them. The
-engine talks to it only through :class:`Store`; ``OrmStore`` (the default) and
-``MemoryStore`` implement it.
+engine talks to it only through :class:`BaseStore`, an abstract base class in the manner
+of Django's ``SessionBase``: its **primitives** are abstract, and every store implements
+them; its **composites** (the start, the quota count, a turn's claim, record and end, the
+purge, the quota usage) are methods built from the primitives, which a store may override
+with a faster equivalent that keeps their meaning. ``OrmStore`` overrides most of them
+(one statement each on PostgreSQL); ``MemoryStore`` implements the primitives only.
 
 Every change of a run's status goes through ``transition``: a conditional update (the
 run must be in one of ``from_statuses``, and optionally held by a given worker) that
@@ -10,116 +14,85 @@ changes the run and its tags' copy of the status together, and says whether it h
 That one primitive makes claiming, finishing, waking, cancelling and recovering runs safe
 when several workers and tickers race.
 
-Two parts are optional:
-
-- ``count_runs(tag=, statuses=, namespace=)``: the quota count. A store without it is
-  counted with ``len(list_runs(...))``.
-- ``quota_lock(key)``: a context manager that serialises starts of one quota key and
-  makes the count and the insert that follow it one transaction. A store without it
-  gets only ``atomic()``, which serialises nothing: safe with a single starter only.
-
-A store may also offer ``start_run(run, quota, *, check_existing, read_namespace)``, one
-call doing the whole start (see :func:`start_with_primitives` for its meaning); the
-ORM store uses it for its PostgreSQL fast path. For executing runs it may offer, each
-doing in one call what the engine otherwise composes from the members below:
-``claim_run(run_id, **fields)`` (the claim, returning the run and its recorded steps),
-``record_held_step(run_id, step, owner, *, replace=False)`` (a record made only while
-``owner`` holds the run) and ``end_turn(run_id, owner, status, step, **fields)`` (the
-holder's transition ending a turn, with its last record).
+The records that cross the contract (:class:`NewRun`, :class:`RunRecord`,
+:class:`StepRecord`, :class:`StartOutcome`) live in :mod:`durable_django.records` and are
+importable from here too. ``durable_django.testing.StoreContract`` is the test suite a
+store runs against itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+import abc
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
-from ..concurrency import Quota
+from ..concurrency import TAG_PREFIX, Quota
+from ..db import connection_lost as database_connection_lost
 from ..errors import ConcurrencyLimitError, DurableError
+from ..records import NewRun, RunRecord, StartOutcome, StepRecord
+from ..retention import active_ancestors
+from ..status import TERMINAL_STATUSES, RunStatus
+
+if TYPE_CHECKING:
+    from django.core.checks import CheckMessage
+
+__all__ = [
+    "BaseStore",
+    "NewRun",
+    "RunRecord",
+    "StartOutcome",
+    "StepRecord",
+    "Store",
+    "check_quota",
+    "existing_outcome",
+    "quota_transaction",
+]
 
 
-@dataclass(frozen=True, slots=True)
-class NewRun:
-    """A run about to be created: its id, workflow name and version, namespace, JSON
-    input, tags (the quota's included), Celery queue, parent run and attempt number."""
+class BaseStore(abc.ABC):
+    """Where runs live: the primitives a store implements, and the composites built on them.
 
-    run_id: str
-    workflow: str
-    version: str
-    namespace: str
-    input: Any
-    tags: tuple[str, ...] = ()
-    queue: str = ""
-    parent_id: str | None = None
-    attempt: int = 1
+    Subclass it, set :attr:`is_shared`, implement every abstract method, and run
+    ``durable_django.testing.StoreContract`` against the store. Override a composite only
+    with an equivalent that is faster on your storage; the contract suite holds the
+    override to the same meaning.
+    """
 
+    #: The alias of the Django database holding this store's runs, or ``None`` when they
+    #: are kept elsewhere. Execution uses it to keep a refused write from breaking a
+    #: transaction of the caller's, and (through :meth:`connection_lost`) to tell a
+    #: database that went away from one that refused a statement.
+    using: str | None = None
 
-@dataclass(frozen=True, slots=True)
-class RunRecord:
-    """A run as read from the store: what :class:`NewRun` gave it, plus its ``status``,
-    ``output`` or ``error``, why it is ``blocked``, when it was created, last updated,
-    started and finished, and what a suspended run waits for (``wait``, ``wake_at``)
-    and who holds a running one (``lease_owner`` until ``lease_expires_at``)."""
+    # primitives: what every store implements ------------------------------------------
 
-    run_id: str
-    workflow: str
-    version: str
-    namespace: str
-    status: str
-    input: Any
-    output: Any = None
-    error: Any = None
-    tags: list[str] = field(default_factory=list)
-    queue: str = ""
-    parent_id: str | None = None
-    blocked_reason: str = ""
-    attempt: int = 1
-    created_at: datetime | None = None
-    updated_at: datetime | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    wake_at: datetime | None = None
-    wait: Any = None
-    lease_owner: str = ""
-    lease_expires_at: datetime | None = None
+    @property
+    @abc.abstractmethod
+    def is_shared(self) -> bool:
+        """True when other processes (workers) see what this store holds; only then does
+        the engine send execution messages and keep leases. Set it as a class attribute."""
 
+    @abc.abstractmethod
+    def atomic(self) -> AbstractContextManager[Any]:
+        """A transaction; nested calls join the outer one."""
 
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One recorded durable call: its position in the body, its name, and its outcome
-    (a JSON ``result``, or an ``error`` dict with at least ``type`` and ``message``)."""
+    @abc.abstractmethod
+    def on_commit(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the current transaction commits (at once outside one).
+        An exception from ``callback`` is logged, not raised: the run is committed, and the
+        tick sends its message again."""
 
-    position: int
-    name: str
-    result: Any = None
-    error: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class StartOutcome:
-    """What a start did: ``created`` a run, or found the run id already held by a run of
-    ``workflow`` in ``namespace``."""
-
-    created: bool
-    workflow: str
-    namespace: str
-
-
-@runtime_checkable
-class Store(Protocol):
-    """Where runs live. See the module docstring for the optional parts."""
-
-    #: True when other processes (workers) see what this store holds.
-    is_shared: bool
-
+    @abc.abstractmethod
     def create_run(self, run: NewRun) -> None:
-        """Insert a pending run and its tags."""
+        """Insert a pending run and its tags; raise if the run id exists."""
 
+    @abc.abstractmethod
     def get_run(self, run_id: str) -> RunRecord | None:
         """The run with this id in any namespace, or ``None``."""
 
+    @abc.abstractmethod
     def list_runs(
         self,
         *,
@@ -129,8 +102,9 @@ class Store(Protocol):
         namespace: str | None = None,
         limit: int | None = None,
     ) -> list[RunRecord]:
-        """Runs matching every filter given, newest first."""
+        """Runs matching every filter given, newest first (latest created first)."""
 
+    @abc.abstractmethod
     def transition(
         self,
         run_id: str,
@@ -142,68 +116,254 @@ class Store(Protocol):
         updated_before: datetime | None = None,
         **fields: Any,
     ) -> bool:
-        """Set ``status`` and ``fields`` if the run is in ``from_statuses`` (and, when given,
-        held by ``owner``, with a lease expired before ``lease_expired_before``, last
-        updated before ``updated_before``); the tags' status copy changes with it, at once.
-        Returns whether the run changed."""
+        """Set ``status``, ``fields`` and ``updated_at`` if the run is in ``from_statuses``
+        (and, when given, held by ``owner``, with a lease expired before
+        ``lease_expired_before``, last updated before ``updated_before``); the tags'
+        status copy changes with it, at once. Returns whether the run changed.
 
+        One atomic conditional update: of two concurrent transitions from the same
+        status, one succeeds."""
+
+    @abc.abstractmethod
     def due_runs(self, now: datetime, pending_before: datetime, limit: int) -> list[RunRecord]:
         """Runs the tick must hand on: suspended or blocked ones due at ``now``, running ones
-        whose lease expired, pending ones untouched since ``pending_before``."""
+        whose lease expired before ``now``, pending ones untouched since ``pending_before``;
+        at most ``limit``. Their ``tags`` may be left empty."""
 
+    @abc.abstractmethod
     def get_steps(self, run_id: str) -> list[StepRecord]:
         """The run's recorded steps, by position."""
 
+    @abc.abstractmethod
     def record_step(self, run_id: str, step: StepRecord, *, replace: bool = False) -> None:
-        """Record one step's outcome; ``replace`` overwrites a recorded failure (a retry).
+        """Record one step's outcome; ``replace`` overwrites the record at that position
+        (a step's next attempt). Recording a position twice without ``replace`` raises
+        (a duplicate execution)."""
 
-        Recording a position twice without ``replace`` raises (a duplicate execution)."""
-
+    @abc.abstractmethod
     def forget_failed_steps(self, run_id: str) -> None:
         """Delete the run's recorded step failures, so a retry executes them again."""
 
+    @abc.abstractmethod
     def set_quota_tag(self, run_id: str, tag: str | None) -> None:
-        """Replace the run's ``concurrency:`` tag with ``tag`` (or none)."""
+        """Replace the run's ``concurrency:`` tag with ``tag`` (or none); its other tags
+        stay, and the new tag counts with the run's current status."""
 
+    @abc.abstractmethod
     def send_signal(self, token: str, payload: Any) -> None:
         """Keep ``payload`` for the first run that waits on ``token``."""
 
+    @abc.abstractmethod
     def take_signal(self, run_id: str, token: str, step: StepRecord) -> tuple[bool, Any]:
         """Consume the oldest signal kept for ``token`` and record it as ``step`` (its
-        payload as the result), in one transaction. Returns ``(found, payload)``."""
+        payload as the result), in one transaction: a signal goes to one run only, and
+        stays kept when the record fails. Returns ``(found, payload)``."""
 
+    @abc.abstractmethod
     def has_signal(self, token: str) -> bool:
         """Whether a signal is kept for ``token``."""
 
+    @abc.abstractmethod
     def runs_waiting_on_signal(self, token: str) -> list[RunRecord]:
-        """Suspended runs waiting on ``token``."""
+        """Suspended runs whose ``wait`` is ``{"signal": token}``. Their ``tags`` may be
+        left empty."""
 
-    def atomic(self) -> AbstractContextManager[Any]:
-        """A transaction; nested calls join the outer one."""
+    @abc.abstractmethod
+    def delete_run(self, run_id: str) -> None:
+        """Delete the run with its tags and recorded steps, whatever its status (nothing
+        when it does not exist). Only :meth:`delete_runs` calls it, for runs it checked."""
 
-    def on_commit(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once the current transaction commits (at once outside one)."""
+    # composites: built from the primitives, overridable with a faster equivalent -------
+
+    def quota_lock(self, key: str) -> AbstractContextManager[Any]:
+        """A transaction that serialises the starts of quota ``key``: the lookup, the count
+        and the insert that follow in it see every run committed before the lock was
+        granted, and no other starter of the key gets in until it ends.
+
+        The default is :meth:`atomic`, which serialises starts only as far as the store's
+        transactions serialise each other: ``MemoryStore``'s one lock does; a database
+        transaction at READ COMMITTED serialises nothing. A store shared by several
+        starters overrides it."""
+        return self.atomic()
+
+    def count_runs(
+        self,
+        *,
+        tag: str | None = None,
+        statuses: Collection[str] | None = None,
+        namespace: str | None = None,
+    ) -> int:
+        """How many runs match every filter given: the quota's count. The default counts a
+        :meth:`list_runs` listing, which loads every matching run."""
+        return len(self.list_runs(tag=tag, statuses=statuses, namespace=namespace))
+
+    def start_run(
+        self,
+        run: NewRun,
+        quota: Quota | None,
+        *,
+        check_existing: bool,
+        read_namespace: str | None,
+    ) -> StartOutcome:
+        """Start ``run`` in one transaction under ``quota``'s lock.
+
+        The order is the contract: with ``check_existing``, an existing run with this id
+        is returned and never refused (:func:`existing_outcome`); then ``quota``'s active
+        runs are counted (in ``read_namespace`` when it is given) and
+        :class:`~durable_django.ConcurrencyLimitError` raised, creating nothing, when they
+        reach its limit; then the run is created."""
+        with quota_transaction(self, quota):
+            if check_existing:
+                existing = self.get_run(run.run_id)
+                if existing is not None:
+                    return existing_outcome(
+                        run, existing.workflow, existing.namespace, read_namespace
+                    )
+            if quota is not None:
+                check_quota(self, quota, run.workflow, read_namespace)
+            self.create_run(run)
+        return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+
+    def claim_run(self, run_id: str, **fields: Any) -> tuple[RunRecord, list[StepRecord]] | None:
+        """A turn's claim: move a pending run to running with ``fields``, and return it and
+        its recorded steps; ``None`` (nothing changed) when it was not pending."""
+        with self.atomic():
+            if not self.transition(run_id, [RunStatus.PENDING], RunStatus.RUNNING, **fields):
+                return None
+            run = self.get_run(run_id)
+            assert run is not None
+            return run, self.get_steps(run_id)
+
+    def record_held_step(
+        self, run_id: str, step: StepRecord, owner: str, *, replace: bool = False
+    ) -> bool:
+        """Record ``step`` only while ``owner`` holds the running run, in one transaction;
+        False, and nothing recorded, when it does not."""
+        return self._record_held(run_id, owner, RunStatus.RUNNING, step, replace=replace)
+
+    def end_turn(
+        self, run_id: str, owner: str, status: str, step: StepRecord, **fields: Any
+    ) -> bool:
+        """The holder's transition ending a turn, ``transition(run_id, ["running"], status,
+        owner=owner, **fields)``, and, when it happens, ``record_step(run_id, step)``, in
+        one transaction: the turn's last step is recorded with its end."""
+        return self._record_held(run_id, owner, status, step, **fields)
+
+    def _record_held(
+        self,
+        run_id: str,
+        owner: str,
+        status: str,
+        step: StepRecord,
+        *,
+        replace: bool = False,
+        **fields: Any,
+    ) -> bool:
+        """The holder's transition from running to ``status`` (to running itself, one that
+        only checks), then ``step``'s record, in one transaction."""
+        with self.atomic():
+            if not self.transition(run_id, [RunStatus.RUNNING], status, owner=owner, **fields):
+                return False
+            self.record_step(run_id, step, replace=replace)
+            return True
+
+    def quota_keys(
+        self, statuses: Collection[str], namespace: str | None
+    ) -> dict[str, dict[str, int]]:
+        """``{key: {workflow: runs}}`` for the quota keys holding runs in ``statuses`` (in
+        ``namespace`` when it is given). The default reads a :meth:`list_runs` listing."""
+        found: dict[str, dict[str, int]] = {}
+        for run in self.list_runs(statuses=statuses, namespace=namespace):
+            for tag in run.tags:
+                if tag.startswith(TAG_PREFIX):
+                    by_workflow = found.setdefault(tag[len(TAG_PREFIX) :], {})
+                    by_workflow[run.workflow] = by_workflow.get(run.workflow, 0) + 1
+        return found
+
+    def delete_runs(self, run_ids: Collection[str]) -> list[str]:
+        """Delete those of ``run_ids`` that have finished and whose whole ancestry has
+        finished, with their tags and steps, in one transaction; return their ids. The
+        others stay: active, or below an active run."""
+        with self.atomic():
+            batch = {
+                run.run_id: run.parent_id
+                for run in map(self.get_run, run_ids)
+                if run is not None and run.status in TERMINAL_STATUSES
+            }
+            below_active = active_ancestors(batch, self._statuses_and_parents)
+            deleted = [run_id for run_id in batch if run_id not in below_active]
+            for run_id in deleted:
+                self.delete_run(run_id)
+            return deleted
+
+    def _statuses_and_parents(self, run_ids: set[str]) -> dict[str, tuple[str, str | None]]:
+        found = (self.get_run(run_id) for run_id in run_ids)
+        return {run.run_id: (run.status, run.parent_id) for run in found if run is not None}
+
+    def purge_runs(
+        self,
+        finished_before: datetime,
+        statuses: Collection[str],
+        namespace: str | None,
+        limit: int,
+        after: str | None = None,
+    ) -> tuple[int, str | None]:
+        """Delete, in one transaction, those of the next ``limit`` runs (by id, after
+        ``after``) in ``statuses`` that finished before ``finished_before`` (in
+        ``namespace`` when given) whose whole ancestry has finished, with their tags and
+        steps (:meth:`delete_runs`). Returns how many it deleted and the id to go on after
+        (``None``: no run left). The default reads a :meth:`list_runs` listing."""
+        with self.atomic():
+            batch = sorted(
+                run.run_id
+                for run in self.list_runs(statuses=statuses, namespace=namespace)
+                if run.finished_at is not None
+                and run.finished_at < finished_before
+                and (after is None or run.run_id > after)
+            )[:limit]
+            deleted = self.delete_runs(batch)
+        return len(deleted), batch[-1] if len(batch) == limit else None
+
+    def purge_signals(self, taken_before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` signals taken by a run before ``taken_before``; signals
+        still kept for a waiter stay. Returns how many it deleted.
+
+        The default deletes nothing: a store may drop a signal when it is taken, and then
+        has none to purge. A store that keeps taken signals (``OrmStore`` keeps them, with
+        the run that took them) overrides it."""
+        return 0
+
+    # the store's environment ------------------------------------------------------------
+
+    def connection_lost(self, error: BaseException) -> bool:
+        """Whether ``error`` is the store's database going away (a restart, a failover, a
+        network cut), not a refusal of one statement: the turn is then handed back rather
+        than failed. The default asks the connection of :attr:`using`; without one, no
+        error is."""
+        return self.using is not None and database_connection_lost(error, self.using)
+
+    def check(self, **kwargs: Any) -> list[CheckMessage]:
+        """System check messages about this store's configuration (``manage.py check``
+        asks the default engine's store, with ``databases``, the aliases of
+        ``--database``). The default has none."""
+        return []
 
 
-def count_active(store: Any, tag: str, statuses: Sequence[str], namespace: str | None) -> int:
-    """Count through ``count_runs`` when the store has it, else the length of a listing."""
-    count_runs = getattr(store, "count_runs", None)
-    if count_runs is not None:
-        return count_runs(tag=tag, statuses=statuses, namespace=namespace)
-    return len(store.list_runs(tag=tag, statuses=statuses, namespace=namespace))
+#: The store contract's former name, when it was a ``Protocol``: an alias of
+#: :class:`BaseStore`.
+Store = BaseStore
 
 
-def quota_transaction(store: Any, quota: Quota | None) -> AbstractContextManager[Any]:
+def quota_transaction(store: BaseStore, quota: Quota | None) -> AbstractContextManager[Any]:
     """A transaction that holds ``quota``'s key lock (just a transaction without a quota)."""
-    if quota is None:
-        return store.atomic()
-    lock = getattr(store, "quota_lock", None)
-    return lock(quota.key) if lock is not None else store.atomic()
+    return store.atomic() if quota is None else store.quota_lock(quota.key)
 
 
-def check_quota(store: Any, quota: Quota, workflow: str, read_namespace: str | None) -> None:
+def check_quota(store: BaseStore, quota: Quota, workflow: str, read_namespace: str | None) -> None:
     """Raise :class:`ConcurrencyLimitError` when ``quota``'s key holds ``limit`` runs."""
-    active = count_active(store, quota.tag, quota.count_statuses, read_namespace)
+    active = store.count_runs(
+        tag=quota.tag, statuses=quota.count_statuses, namespace=read_namespace
+    )
     if active >= quota.limit:
         raise ConcurrencyLimitError(workflow, quota.key, quota.limit, active)
 
@@ -224,50 +384,3 @@ def existing_outcome(
             f"not {run.workflow!r}"
         )
     return StartOutcome(created=False, workflow=workflow, namespace=namespace)
-
-
-def start_with_primitives(
-    store: Any,
-    run: NewRun,
-    quota: Quota | None,
-    *,
-    check_existing: bool,
-    read_namespace: str | None,
-) -> StartOutcome:
-    """Start a run with the store's basic operations, in one transaction.
-
-    The order is the contract: an existing run with this id is returned (never refused);
-    then the quota's key is locked and its active runs counted; then the run is inserted.
-    Raises :class:`ConcurrencyLimitError` when the count has reached the limit.
-    """
-    with quota_transaction(store, quota):
-        if check_existing:
-            existing = store.get_run(run.run_id)
-            if existing is not None:
-                return existing_outcome(run, existing.workflow, existing.namespace, read_namespace)
-        if quota is not None:
-            check_quota(store, quota, run.workflow, read_namespace)
-        store.create_run(run)
-    return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
-
-
-def record_held_with_primitives(
-    store: Any,
-    run_id: str,
-    owner: str,
-    step: StepRecord,
-    status: str = "running",
-    *,
-    replace: bool = False,
-    **fields: Any,
-) -> bool:
-    """Record ``step`` only while ``owner`` holds the running run, with the store's basic
-    operations in one transaction: the holder's transition from running to ``status``
-    (by default one that changes nothing and only checks), then ``record_step``. False,
-    and nothing recorded, when ``owner`` no longer holds the run. What
-    ``record_held_step`` and ``end_turn`` do in one call."""
-    with store.atomic():
-        if not store.transition(run_id, ["running"], status, owner=owner, **fields):
-            return False
-        store.record_step(run_id, step, replace=replace)
-        return True

@@ -12,18 +12,21 @@ from typing import Any
 from django.utils import timezone
 
 from ..concurrency import TAG_PREFIX
-from ..retention import active_ancestors
-from ..status import TERMINAL_STATUSES, RunStatus
-from .base import NewRun, RunRecord, StepRecord
+from ..records import NewRun, RunRecord, StepRecord
+from ..status import RunStatus
+from .base import BaseStore
 
 
-class MemoryStore:
+class MemoryStore(BaseStore):
     """Keeps runs in a dict, guarded by one re-entrant lock.
 
     Nothing it holds is seen by other processes, so an engine on it sends nothing to
     Celery; drive its runs with :func:`durable_django.testing.run_until_idle`. It has no
-    rollback: a start inside a rolled-back ``atomic()`` keeps its run. Each method does
-    what :class:`~durable_django.stores.Store` says.
+    rollback: a start inside a rolled-back ``atomic()`` keeps its run.
+
+    It implements the primitives of :class:`~durable_django.stores.BaseStore` only and
+    takes every composite as the base builds it: its ``atomic()`` holds the one lock, so
+    the default ``quota_lock`` serialises the starts of this process.
     """
 
     is_shared = False
@@ -38,9 +41,6 @@ class MemoryStore:
     def atomic(self) -> Iterator[None]:
         with self._lock:
             yield
-
-    def quota_lock(self, key: str) -> contextlib.AbstractContextManager[None]:
-        return self.atomic()
 
     def on_commit(self, callback: Callable[[], None]) -> None:
         callback()
@@ -90,15 +90,6 @@ class MemoryStore:
         runs.reverse()
         return runs[:limit] if limit is not None else runs
 
-    def count_runs(
-        self,
-        *,
-        tag: str | None = None,
-        statuses: Collection[str] | None = None,
-        namespace: str | None = None,
-    ) -> int:
-        return len(self.list_runs(tag=tag, statuses=statuses, namespace=namespace))
-
     def transition(
         self,
         run_id: str,
@@ -122,7 +113,10 @@ class MemoryStore:
                         run.lease_expires_at is None or run.lease_expires_at >= lease_expired_before
                     )
                 )
-                or (updated_before is not None and run.updated_at >= updated_before)
+                or (
+                    updated_before is not None
+                    and (run.updated_at is None or run.updated_at >= updated_before)
+                )
             ):
                 return False
             self._runs[run_id] = dataclasses.replace(
@@ -141,7 +135,11 @@ class MemoryStore:
                     and run.lease_expires_at is not None
                     and run.lease_expires_at < now
                 )
-                or (run.status == "pending" and run.updated_at < pending_before)
+                or (
+                    run.status == "pending"
+                    and run.updated_at is not None
+                    and run.updated_at < pending_before
+                )
             ]
         return due[:limit]
 
@@ -180,9 +178,9 @@ class MemoryStore:
             kept = self._signals.get(token)
             if not kept:
                 return False, None
-            payload = kept.pop(0)
-            self.record_step(run_id, dataclasses.replace(step, result=payload))
-            return True, payload
+            # Recorded first: a record that fails keeps the signal for the next waiter.
+            self.record_step(run_id, dataclasses.replace(step, result=kept[0]))
+            return True, kept.pop(0)
 
     def has_signal(self, token: str) -> bool:
         with self._lock:
@@ -196,46 +194,7 @@ class MemoryStore:
                 if run.status == "suspended" and (run.wait or {}).get("signal") == token
             ]
 
-    def purge_runs(
-        self,
-        finished_before: datetime,
-        statuses: Collection[str],
-        namespace: str | None,
-        limit: int,
-        after: str | None = None,
-    ) -> tuple[int, str | None]:
+    def delete_run(self, run_id: str) -> None:
         with self._lock:
-            batch = sorted(
-                run.run_id
-                for run in self._runs.values()
-                if run.status in statuses
-                and run.finished_at is not None
-                and run.finished_at < finished_before
-                and (namespace is None or run.namespace == namespace)
-                and (after is None or run.run_id > after)
-            )[:limit]
-            deleted = self.delete_runs(batch)
-        return len(deleted), batch[-1] if len(batch) == limit else None
-
-    def delete_runs(self, run_ids: Collection[str]) -> list[str]:
-        with self._lock:
-            batch = {
-                run.run_id: run.parent_id
-                for run in map(self._runs.get, run_ids)
-                if run is not None and run.status in TERMINAL_STATUSES
-            }
-
-            def read(ids: set[str]) -> dict[str, tuple[str, str | None]]:
-                found = (self._runs.get(run_id) for run_id in ids)
-                return {run.run_id: (run.status, run.parent_id) for run in found if run}
-
-            below_active = active_ancestors(batch, read)
-            deleted = [run_id for run_id in batch if run_id not in below_active]
-            for run_id in deleted:
-                del self._runs[run_id]
-                self._steps.pop(run_id, None)
-            return deleted
-
-    def purge_signals(self, taken_before: datetime, limit: int) -> int:
-        # A taken signal is not kept here: there is nothing to purge.
-        return 0
+            self._runs.pop(run_id, None)
+            self._steps.pop(run_id, None)

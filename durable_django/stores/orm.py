@@ -35,6 +35,8 @@ from collections.abc import Callable, Collection, Iterator
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
+from django.core.checks import CheckMessage
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.db.models import Count, Q
@@ -43,17 +45,11 @@ from django.utils import timezone
 from ..concurrency import TAG_PREFIX, Quota
 from ..errors import ConcurrencyLimitError, DurableError
 from ..models import QuotaLock, Run, RunTag, Signal, Step
+from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..retention import active_ancestors
 from ..status import TERMINAL_STATUSES, RunStatus
-from .base import (
-    NewRun,
-    RunRecord,
-    StartOutcome,
-    StepRecord,
-    existing_outcome,
-    record_held_with_primitives,
-    start_with_primitives,
-)
+from .base import BaseStore, existing_outcome
+from .database_checks import collation_errors, database_warnings
 
 #: What the advisory lock of a quota key hashes: this prefix and the key.
 ADVISORY_LOCK_PREFIX = "durable_django:"
@@ -64,14 +60,17 @@ _START_SQL = (
 )
 
 
-class OrmStore:
+class OrmStore(BaseStore):
     """Keeps runs in the database ``using`` (default ``"default"``) through the ORM.
 
     ``fast_path=False`` makes PostgreSQL take the portable path too. Each method does
-    what :class:`~durable_django.stores.Store` says.
+    what :class:`~durable_django.stores.BaseStore` says; it overrides the composites with
+    the database's own means (row and advisory locks, one ``COUNT``, one statement on
+    PostgreSQL).
     """
 
     is_shared = True
+    using: str
 
     def __init__(self, using: str = "default", *, fast_path: bool = True) -> None:
         self.using = using
@@ -79,6 +78,16 @@ class OrmStore:
 
     def __repr__(self) -> str:
         return f"OrmStore(using={self.using!r})"
+
+    def check(self, **kwargs: Any) -> list[CheckMessage]:
+        """The checks of its database: from its settings, that the quota can serialise
+        starts there (``W001``, ``E002``); with ``databases`` naming it (``check
+        --database``, ``migrate``), that its columns compare ids and keys exactly
+        (``E004``)."""
+        messages = database_warnings({self.using: settings.DATABASES.get(self.using, {})})
+        if self.using in (kwargs.get("databases") or ()):
+            messages += collation_errors(connections[self.using])
+        return messages
 
     # transactions -------------------------------------------------------------------
 
@@ -196,8 +205,8 @@ class OrmStore:
         if self._fast():
             return self._start_on_postgresql(run, quota, check_existing, read_namespace)
         try:
-            return start_with_primitives(
-                self, run, quota, check_existing=check_existing, read_namespace=read_namespace
+            return super().start_run(
+                run, quota, check_existing=check_existing, read_namespace=read_namespace
             )
         except IntegrityError:
             # A concurrent start without a quota lock inserted the same run id first.
@@ -373,7 +382,7 @@ class OrmStore:
         happens, ``record_step(run_id, step)``, in one transaction; on PostgreSQL one
         statement. The turn's last step is recorded with the transition ending the turn."""
         if not self._fast() or not fields.keys() <= _HELD_FIELDS.keys():
-            return record_held_with_primitives(self, run_id, owner, step, status, **fields)
+            return super().end_turn(run_id, owner, status, step, **fields)
         return self._transition_held(run_id, status, owner, fields, step)
 
     def _transition_held(
@@ -404,11 +413,7 @@ class OrmStore:
         or ``None`` when it was not pending. ``transition``, ``get_run`` and ``get_steps``
         in one; on PostgreSQL one statement, which is one round trip."""
         if not self._fast():
-            if not self.transition(run_id, [RunStatus.PENDING], RunStatus.RUNNING, **fields):
-                return None
-            run = self.get_run(run_id)
-            assert run is not None
-            return run, self.get_steps(run_id)
+            return super().claim_run(run_id, **fields)
         connection = connections[self.using]
         if fields.keys() == _CLAIM_FIELDS and fields["wake_at"] is None:
             # The usual claim: one call of ``durable_claim_run``.
@@ -506,7 +511,7 @@ class OrmStore:
         recorded) when it does not. ``transition(run_id, [RUNNING], RUNNING, owner=owner)``
         and ``record_step`` in one transaction; on PostgreSQL one statement."""
         if not self._fast():
-            return record_held_with_primitives(self, run_id, owner, step, replace=replace)
+            return super().record_held_step(run_id, step, owner, replace=replace)
         connection = connections[self.using]
         result, error = _step_json(step, connection)
         if not replace:
@@ -536,6 +541,10 @@ class OrmStore:
         with connection.cursor() as cursor:
             cursor.execute(sql, held_params + params)
             return bool(cursor.fetchone()[0])
+
+    def delete_run(self, run_id: str) -> None:
+        # Its tags and steps go with it (Django deletes them first, by run id).
+        self._runs().filter(pk=run_id).delete()
 
     def forget_failed_steps(self, run_id: str) -> None:
         Step.objects.using(self.using).filter(run_id=run_id, error__isnull=False).delete()

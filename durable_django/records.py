@@ -1,0 +1,78 @@
+"""The values that cross the store contract: a run about to be created, a run and a step
+as read, and what a start did.
+
+Plain frozen dataclasses; this module imports nothing from the ORM or the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """A run about to be created: its id, workflow name and version, namespace, JSON
+    input, tags (the quota's included), Celery queue, parent run and attempt number."""
+
+    run_id: str
+    workflow: str
+    version: str
+    namespace: str
+    input: Any
+    tags: tuple[str, ...] = ()
+    queue: str = ""
+    parent_id: str | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """A run as read from the store: what :class:`NewRun` gave it, plus its ``status``,
+    ``output`` or ``error``, why it is ``blocked``, when it was created, last updated,
+    started and finished, and what a suspended run waits for (``wait``, ``wake_at``)
+    and who holds a running one (``lease_owner`` until ``lease_expires_at``)."""
+
+    run_id: str
+    workflow: str
+    version: str
+    namespace: str
+    status: str
+    input: Any
+    output: Any = None
+    error: Any = None
+    tags: list[str] = field(default_factory=list)
+    queue: str = ""
+    parent_id: str | None = None
+    blocked_reason: str = ""
+    attempt: int = 1
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    wake_at: datetime | None = None
+    wait: Any = None
+    lease_owner: str = ""
+    lease_expires_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One recorded durable call: its position in the body, its name, and its outcome
+    (a JSON ``result``, or an ``error`` dict with at least ``type`` and ``message``)."""
+
+    position: int
+    name: str
+    result: Any = None
+    error: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class StartOutcome:
+    """What a start did: ``created`` a run, or found the run id already held by a run of
+    ``workflow`` in ``namespace``."""
+
+    created: bool
+    workflow: str
+    namespace: str

@@ -1,0 +1,640 @@
+"""The store contract as a test suite: what every :class:`BaseStore` must do, call by call.
+
+Subclass :class:`StoreContract` in a test module and give it a ``store`` fixture::
+
+    class TestMyStore(StoreContract):
+        @pytest.fixture
+        def store(self, db):
+            return MyStore()
+
+pytest then runs every ``test_*`` method of the suite against the store. Each test starts
+from an empty store (a fresh one, or the test database, emptied between tests) and
+calls the store directly, one call at a time. Expected failures are made inside
+``store.atomic()``, so that on a database they roll back to a savepoint and leave the
+test's transaction usable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from ..concurrency import DEFAULT_CONCURRENCY_STATUSES, Quota, quota_tag
+from ..errors import ConcurrencyLimitError, DurableError
+from ..records import NewRun, RunRecord, StartOutcome, StepRecord
+from ..status import TERMINAL_STATUSES, RunStatus
+from .base import BaseStore
+
+__all__ = ["StoreContract"]
+
+SECOND = datetime.timedelta(seconds=1)
+HOUR = datetime.timedelta(hours=1)
+
+#: Texts that a comparison ignoring case, accents or trailing spaces would confuse.
+CONFUSABLE = [("export:alice", "export:Alice"), ("k", "k "), ("e", "é")]
+
+
+def new_run(run_id: str, workflow: str = "wf", **fields: Any) -> NewRun:
+    """A run to create: workflow ``wf`` version ``1`` in namespace ``default``."""
+    fields.setdefault("namespace", "default")
+    fields.setdefault("input", {"run": run_id})
+    return NewRun(run_id=run_id, workflow=workflow, version="1", **fields)
+
+
+def quota(key: str, limit: int, statuses: tuple[str, ...] = DEFAULT_CONCURRENCY_STATUSES) -> Quota:
+    """A quota on ``key``."""
+    return Quota(key=key, limit=limit, count_statuses=statuses)
+
+
+def start(
+    store: BaseStore,
+    run: NewRun,
+    under: Quota | None = None,
+    *,
+    check_existing: bool = True,
+    read_namespace: str | None = None,
+) -> StartOutcome:
+    """``store.start_run`` with the run carrying its quota's tag, as the engine makes it."""
+    if under is not None and under.tag not in run.tags:
+        run = dataclasses.replace(run, tags=(*run.tags, under.tag))
+    return store.start_run(run, under, check_existing=check_existing, read_namespace=read_namespace)
+
+
+def make(
+    store: BaseStore, run_id: str, status: str = RunStatus.PENDING, **fields: Any
+) -> RunRecord:
+    """Create a run and move it to ``status`` with ``fields``; return it as read."""
+    tags = fields.pop("tags", ())
+    namespace = fields.pop("namespace", "default")
+    workflow = fields.pop("workflow", "wf")
+    parent_id = fields.pop("parent_id", None)
+    store.create_run(
+        new_run(run_id, workflow, tags=tuple(tags), namespace=namespace, parent_id=parent_id)
+    )
+    if status != RunStatus.PENDING or fields:
+        assert store.transition(run_id, [RunStatus.PENDING], status, **fields)
+    return read(store, run_id)
+
+
+def read(store: BaseStore, run_id: str) -> RunRecord:
+    """The run, which must exist."""
+    run = store.get_run(run_id)
+    assert run is not None, f"run {run_id!r} not found"
+    return run
+
+
+def ids(runs: list[RunRecord]) -> list[str]:
+    return [run.run_id for run in runs]
+
+
+def finished(store: BaseStore, run_id: str, ago: datetime.timedelta, **fields: Any) -> None:
+    """A completed run that finished ``ago``."""
+    make(store, run_id, RunStatus.COMPLETED, finished_at=timezone.now() - ago, **fields)
+
+
+class StoreContract:
+    """The contract suite: subclass it in a test module and provide a ``store`` fixture
+    returning an empty store (see the module docstring). Every test takes only that
+    fixture."""
+
+    # creating and reading runs ------------------------------------------------------
+
+    def test_a_created_run_is_pending_with_what_it_was_given(self, store: BaseStore) -> None:
+        before = timezone.now()
+        store.create_run(
+            NewRun(
+                run_id="run-1",
+                workflow="chat.turn",
+                version="3",
+                namespace="blue",
+                input={"message": "héllo", "n": [1, 2.5, None, True]},
+                tags=("vip", "concurrency:tenant:acme"),
+                queue="turns",
+                parent_id="parent",
+                attempt=2,
+            )
+        )
+        run = read(store, "run-1")
+        assert isinstance(run, RunRecord)
+        assert (run.workflow, run.version, run.namespace, run.status) == (
+            "chat.turn",
+            "3",
+            "blue",
+            RunStatus.PENDING,
+        )
+        assert run.input == {"message": "héllo", "n": [1, 2.5, None, True]}
+        assert run.tags == ["concurrency:tenant:acme", "vip"]
+        assert (run.queue, run.parent_id, run.attempt) == ("turns", "parent", 2)
+        assert (run.output, run.error, run.wait, run.blocked_reason) == (None, None, None, "")
+        assert (run.started_at, run.finished_at, run.wake_at) == (None, None, None)
+        assert (run.lease_owner, run.lease_expires_at) == ("", None)
+        assert run.created_at is not None and run.created_at >= before - SECOND
+        assert run.updated_at is not None and run.updated_at >= run.created_at
+
+    def test_an_unknown_run_is_none(self, store: BaseStore) -> None:
+        assert store.get_run("no-such-run") is None
+        assert store.get_steps("no-such-run") == []
+
+    def test_a_run_id_is_created_once(self, store: BaseStore) -> None:
+        store.create_run(new_run("run-1", input={"first": True}))
+        with pytest.raises(Exception), store.atomic():  # noqa: B017 (any error refuses it)
+            store.create_run(new_run("run-1", input={"second": True}))
+        assert read(store, "run-1").input == {"first": True}
+        assert len(store.list_runs()) == 1
+
+    def test_list_runs_filters_on_every_filter_given_newest_first(self, store: BaseStore) -> None:
+        make(store, "run-1", tags=["a"], workflow="x")
+        make(store, "run-2", RunStatus.RUNNING, tags=["a", "b"], workflow="y")
+        make(store, "run-3", tags=["b"], workflow="x", namespace="blue")
+        make(store, "run-4", RunStatus.COMPLETED, workflow="x")
+        assert ids(store.list_runs()) == ["run-4", "run-3", "run-2", "run-1"]
+        assert ids(store.list_runs(limit=2)) == ["run-4", "run-3"]
+        assert ids(store.list_runs(tag="a")) == ["run-2", "run-1"]
+        assert ids(store.list_runs(tag="b", workflow="x")) == ["run-3"]
+        assert ids(store.list_runs(statuses=["pending"])) == ["run-3", "run-1"]
+        assert ids(store.list_runs(statuses=["running", "completed"])) == ["run-4", "run-2"]
+        assert ids(store.list_runs(namespace="blue")) == ["run-3"]
+        assert ids(store.list_runs(tag="a", statuses=["pending"], namespace="default")) == ["run-1"]
+        assert store.list_runs(tag="c") == []
+        assert store.list_runs(statuses=[]) == []
+
+    def test_ids_names_tags_and_namespaces_compare_exactly(self, store: BaseStore) -> None:
+        for first, second in CONFUSABLE:
+            for text in (first, second):
+                make(store, f"id:{text}", tags=[f"tag:{text}"], workflow=f"wf:{text}")
+                make(store, f"ns:{text}", namespace=f"ns:{text}")
+            for text in (first, second):
+                assert read(store, f"id:{text}").run_id == f"id:{text}"
+                assert ids(store.list_runs(tag=f"tag:{text}")) == [f"id:{text}"]
+                assert ids(store.list_runs(workflow=f"wf:{text}")) == [f"id:{text}"]
+                assert ids(store.list_runs(namespace=f"ns:{text}")) == [f"ns:{text}"]
+                assert store.count_runs(tag=f"tag:{text}") == 1
+                assert store.count_runs(namespace=f"ns:{text}") == 1
+
+    # counting -----------------------------------------------------------------------
+
+    def test_count_runs_counts_what_list_runs_lists(self, store: BaseStore) -> None:
+        make(store, "run-1", tags=["a"])
+        make(store, "run-2", RunStatus.RUNNING, tags=["a", "b"])
+        make(store, "run-3", RunStatus.SUSPENDED, tags=["a"], namespace="blue")
+        make(store, "run-4", RunStatus.COMPLETED, tags=["a"])
+        filters: list[dict[str, Any]] = [
+            {},
+            {"tag": "a"},
+            {"tag": "b"},
+            {"tag": "none"},
+            {"statuses": ["pending"]},
+            {"statuses": list(DEFAULT_CONCURRENCY_STATUSES)},
+            {"statuses": list(TERMINAL_STATUSES)},
+            {"tag": "a", "statuses": ["pending", "running"]},
+            {"tag": "a", "namespace": "blue"},
+            {"tag": "a", "statuses": ["suspended"], "namespace": "default"},
+            {"namespace": "default"},
+        ]
+        for given in filters:
+            assert store.count_runs(**given) == len(store.list_runs(**given)), given
+        assert store.count_runs(tag="a") == 4
+        assert store.count_runs(tag="a", statuses=list(DEFAULT_CONCURRENCY_STATUSES)) == 3
+
+    def test_the_count_follows_every_transition(self, store: BaseStore) -> None:
+        tag = quota_tag("k")
+        make(store, "run-1", tags=[tag])
+        for status in (*DEFAULT_CONCURRENCY_STATUSES, *TERMINAL_STATUSES):
+            store.transition("run-1", list(RunStatus.values), status)
+            assert store.count_runs(tag=tag, statuses=[status]) == 1, status
+            others = [s for s in RunStatus.values if s != status]
+            assert store.count_runs(tag=tag, statuses=others) == 0, status
+
+    # transitions --------------------------------------------------------------------
+
+    def test_a_transition_happens_only_from_the_statuses_given(self, store: BaseStore) -> None:
+        make(store, "run-1")
+        assert not store.transition("run-1", [RunStatus.RUNNING], RunStatus.COMPLETED)
+        assert not store.transition("run-1", [], RunStatus.COMPLETED)
+        assert read(store, "run-1").status == RunStatus.PENDING
+        assert store.transition("run-1", [RunStatus.PENDING], RunStatus.RUNNING)
+        assert read(store, "run-1").status == RunStatus.RUNNING
+        # Of two transitions from the same status, the second finds it changed.
+        assert not store.transition("run-1", [RunStatus.PENDING], RunStatus.RUNNING)
+        assert not store.transition("no-such-run", RunStatus.values, RunStatus.RUNNING)
+
+    def test_a_transition_sets_its_fields_and_the_time_of_the_change(
+        self, store: BaseStore
+    ) -> None:
+        created = make(store, "run-1")
+        now = timezone.now()
+        fields: dict[str, Any] = {
+            "output": {"reply": "done", "tokens": [1, 2]},
+            "error": {"type": "x.Error", "message": "m"},
+            "wait": {"signal": "token"},
+            "wake_at": now + HOUR,
+            "finished_at": now,
+            "started_at": now - SECOND,
+            "blocked_reason": "version 1 is not here",
+            "lease_owner": "worker-1",
+            "lease_expires_at": now + HOUR,
+            "attempt": 3,
+        }
+        assert store.transition("run-1", [RunStatus.PENDING], RunStatus.SUSPENDED, **fields)
+        run = read(store, "run-1")
+        assert run.status == RunStatus.SUSPENDED
+        assert {name: getattr(run, name) for name in fields} == fields
+        assert created.updated_at is not None and run.updated_at is not None
+        assert run.updated_at >= created.updated_at
+        assert (run.input, run.created_at) == (created.input, created.created_at)
+
+    def test_a_transition_checks_the_holder(self, store: BaseStore) -> None:
+        make(store, "run-1", RunStatus.RUNNING, lease_owner="worker-1")
+        assert not store.transition(
+            "run-1", [RunStatus.RUNNING], RunStatus.COMPLETED, owner="worker-2"
+        )
+        assert read(store, "run-1").status == RunStatus.RUNNING
+        assert store.transition("run-1", [RunStatus.RUNNING], RunStatus.COMPLETED, owner="worker-1")
+
+    def test_a_transition_checks_the_lease_and_the_last_change(self, store: BaseStore) -> None:
+        now = timezone.now()
+        make(store, "held", RunStatus.RUNNING, lease_owner="w", lease_expires_at=now)
+        make(store, "free", RunStatus.RUNNING)  # no lease at all
+        running = [RunStatus.RUNNING]
+        assert not store.transition("held", running, "pending", lease_expired_before=now - SECOND)
+        assert not store.transition("held", running, "pending", lease_expired_before=now)
+        assert not store.transition("free", running, "pending", lease_expired_before=now + HOUR)
+        assert store.transition("held", running, "pending", lease_expired_before=now + SECOND)
+
+        changed = read(store, "free").updated_at
+        assert changed is not None
+        assert not store.transition("free", running, "pending", updated_before=changed)
+        assert store.transition("free", running, "pending", updated_before=changed + HOUR)
+
+    def test_due_runs_are_those_the_tick_hands_on(self, store: BaseStore) -> None:
+        now = timezone.now()
+        make(store, "woken", RunStatus.SUSPENDED, wake_at=now - SECOND)
+        make(store, "woken-now", RunStatus.SUSPENDED, wake_at=now)
+        make(store, "asleep", RunStatus.SUSPENDED, wake_at=now + HOUR)
+        make(store, "waiting", RunStatus.SUSPENDED)
+        make(store, "unblocked", RunStatus.BLOCKED, wake_at=now - SECOND)
+        make(store, "lapsed", RunStatus.RUNNING, lease_owner="w", lease_expires_at=now - SECOND)
+        make(store, "held", RunStatus.RUNNING, lease_owner="w", lease_expires_at=now + HOUR)
+        make(store, "pending")
+        make(store, "done", RunStatus.COMPLETED, wake_at=now - SECOND)
+        expected = {"woken", "woken-now", "unblocked", "lapsed"}
+        assert set(ids(store.due_runs(now, now - HOUR, 100))) == expected
+        assert set(ids(store.due_runs(now, now + HOUR, 100))) == expected | {"pending"}
+        assert len(store.due_runs(now, now + HOUR, 2)) == 2
+
+    # steps --------------------------------------------------------------------------
+
+    def test_steps_are_read_back_by_position(self, store: BaseStore) -> None:
+        make(store, "run-1")
+        make(store, "run-2")
+        steps = [
+            StepRecord(2, "third", error={"type": "x.Error", "message": "failed"}),
+            StepRecord(0, "first", result={"value": [1, "é", None]}),
+            StepRecord(1, "second", result=None),
+        ]
+        for step in steps:
+            store.record_step("run-1", step)
+        store.record_step("run-2", StepRecord(0, "other", result=1))
+        assert store.get_steps("run-1") == sorted(steps, key=lambda step: step.position)
+        assert store.get_steps("run-2") == [StepRecord(0, "other", result=1)]
+
+    def test_a_position_is_recorded_once_unless_replaced(self, store: BaseStore) -> None:
+        make(store, "run-1")
+        failed = StepRecord(0, "call", error={"type": "x.Error", "message": "first attempt"})
+        store.record_step("run-1", failed)
+        with pytest.raises(Exception), store.atomic():  # noqa: B017 (a duplicate execution)
+            store.record_step("run-1", StepRecord(0, "call", result="again"))
+        assert store.get_steps("run-1") == [failed]
+        store.record_step("run-1", StepRecord(0, "call", result="retried"), replace=True)
+        assert store.get_steps("run-1") == [StepRecord(0, "call", result="retried")]
+
+    def test_forgetting_failed_steps_keeps_the_others(self, store: BaseStore) -> None:
+        make(store, "run-1")
+        make(store, "run-2")
+        kept = StepRecord(0, "ok", result="fine")
+        store.record_step("run-1", kept)
+        store.record_step("run-1", StepRecord(1, "bad", error={"type": "E", "message": "m"}))
+        store.record_step("run-2", StepRecord(0, "bad", error={"type": "E", "message": "m"}))
+        store.forget_failed_steps("run-1")
+        assert store.get_steps("run-1") == [kept]
+        assert len(store.get_steps("run-2")) == 1
+
+    # the quota tag ------------------------------------------------------------------
+
+    def test_set_quota_tag_replaces_the_quota_tag_only(self, store: BaseStore) -> None:
+        make(store, "run-1", RunStatus.RUNNING, tags=["user", "CONCURRENCY:x", quota_tag("a")])
+        store.set_quota_tag("run-1", quota_tag("b"))
+        assert read(store, "run-1").tags == sorted(["user", "CONCURRENCY:x", quota_tag("b")])
+        assert store.count_runs(tag=quota_tag("a")) == 0
+        # The new tag counts with the run's status.
+        assert store.count_runs(tag=quota_tag("b"), statuses=[RunStatus.RUNNING]) == 1
+        assert store.count_runs(tag=quota_tag("b"), statuses=[RunStatus.PENDING]) == 0
+        store.set_quota_tag("run-1", quota_tag("b"))  # the same tag again: unchanged
+        assert store.count_runs(tag=quota_tag("b"), statuses=[RunStatus.RUNNING]) == 1
+        store.set_quota_tag("run-1", None)
+        assert read(store, "run-1").tags == ["CONCURRENCY:x", "user"]
+        assert store.count_runs(tag=quota_tag("b")) == 0
+
+    # signals ------------------------------------------------------------------------
+
+    def test_signals_are_kept_until_taken_oldest_first(self, store: BaseStore) -> None:
+        make(store, "run-1")
+        assert not store.has_signal("token")
+        store.send_signal("token", {"n": 1})
+        store.send_signal("token", [2])
+        store.send_signal("other", "not this one")
+        assert store.has_signal("token")
+        assert store.take_signal("run-1", "token", StepRecord(0, "signal")) == (True, {"n": 1})
+        assert store.take_signal("run-1", "token", StepRecord(1, "signal")) == (True, [2])
+        assert store.take_signal("run-1", "token", StepRecord(2, "signal")) == (False, None)
+        assert not store.has_signal("token")
+        assert store.has_signal("other")
+        # Each taken signal is recorded as its step, the payload as the result.
+        assert store.get_steps("run-1") == [
+            StepRecord(0, "signal", result={"n": 1}),
+            StepRecord(1, "signal", result=[2]),
+        ]
+
+    def test_a_signal_whose_record_fails_stays_kept(self, store: BaseStore) -> None:
+        make(store, "run-1")
+        store.record_step("run-1", StepRecord(0, "taken"))
+        store.send_signal("token", "payload")
+        with pytest.raises(Exception), store.atomic():  # noqa: B017 (position 0 is taken)
+            store.take_signal("run-1", "token", StepRecord(0, "signal"))
+        assert store.has_signal("token")
+        assert store.take_signal("run-1", "token", StepRecord(1, "signal")) == (True, "payload")
+
+    def test_signal_tokens_compare_exactly(self, store: BaseStore) -> None:
+        for first, second in CONFUSABLE:
+            make(store, f"waits:{second}", RunStatus.SUSPENDED, wait={"signal": second})
+            store.send_signal(first, first)
+            assert not store.has_signal(second)
+            assert store.runs_waiting_on_signal(first) == []
+            assert ids(store.runs_waiting_on_signal(second)) == [f"waits:{second}"]
+            assert store.take_signal(f"waits:{second}", second, StepRecord(0, "s")) == (
+                False,
+                None,
+            )
+
+    def test_the_runs_waiting_on_a_signal_are_the_suspended_ones(self, store: BaseStore) -> None:
+        make(store, "waiting", RunStatus.SUSPENDED, wait={"signal": "token"})
+        make(store, "woken", RunStatus.PENDING, wait={"signal": "token"})
+        make(store, "timer", RunStatus.SUSPENDED, wait={"timer": "token"})
+        make(store, "elsewhere", RunStatus.SUSPENDED, wait={"signal": "other"})
+        assert ids(store.runs_waiting_on_signal("token")) == ["waiting"]
+
+    # starting (start_run, quota_lock, count_runs) ---------------------------------------
+
+    def test_a_start_creates_the_run(self, store: BaseStore) -> None:
+        outcome = start(store, new_run("run-1", "chat.turn", namespace="blue"), quota("k", 1))
+        assert outcome == StartOutcome(created=True, workflow="chat.turn", namespace="blue")
+        run = read(store, "run-1")
+        assert (run.status, run.tags) == (RunStatus.PENDING, [quota_tag("k")])
+        assert start(store, new_run("run-2"), None) == StartOutcome(True, "wf", "default")
+
+    def test_a_start_over_the_limit_is_refused_and_creates_nothing(self, store: BaseStore) -> None:
+        limit_two = quota("tenant:acme", 2)
+        start(store, new_run("run-1"), limit_two)
+        start(store, new_run("run-2", "other.workflow"), limit_two)  # the key spans workflows
+        with pytest.raises(ConcurrencyLimitError) as refused:
+            start(store, new_run("run-3"), limit_two)
+        error = refused.value
+        assert (error.workflow, error.key, error.limit, error.active) == (
+            "wf",
+            "tenant:acme",
+            2,
+            2,
+        )
+        assert store.get_run("run-3") is None
+        assert store.count_runs(tag=limit_two.tag) == 2
+        # Another key has slots of its own.
+        assert start(store, new_run("run-4"), quota("tenant:globex", 2)).created
+        with pytest.raises(ConcurrencyLimitError) as closed:
+            start(store, new_run("run-5"), quota("closed", 0))
+        assert (closed.value.limit, closed.value.active) == (0, 0)
+        assert store.get_run("run-5") is None
+
+    def test_only_the_quotas_statuses_hold_a_slot(self, store: BaseStore) -> None:
+        pending_only = quota("k", 1, (RunStatus.PENDING,))
+        start(store, new_run("run-1"), pending_only)
+        with pytest.raises(ConcurrencyLimitError):
+            start(store, new_run("run-2"), pending_only)
+        store.transition("run-1", [RunStatus.PENDING], RunStatus.SUSPENDED)
+        assert start(store, new_run("run-2"), pending_only).created
+        # Under the default statuses, the suspended run holds its slot.
+        with pytest.raises(ConcurrencyLimitError) as refused:
+            start(store, new_run("run-3"), quota("k", 2))
+        assert refused.value.active == 2
+        for run_id in ("run-1", "run-2"):
+            store.transition(run_id, RunStatus.values, RunStatus.COMPLETED)
+        assert start(store, new_run("run-3"), quota("k", 1)).created
+
+    def test_an_existing_run_is_returned_before_the_quota_is_counted(
+        self, store: BaseStore
+    ) -> None:
+        full = quota("k", 1)
+        start(store, new_run("order:1", input={"n": 1}), full)
+        again = start(store, new_run("order:1", input={"n": 2}), full)
+        assert again == StartOutcome(created=False, workflow="wf", namespace="default")
+        assert read(store, "order:1").input == {"n": 1}
+        store.transition("order:1", RunStatus.values, RunStatus.COMPLETED)
+        assert not start(store, new_run("order:1"), full).created
+
+    def test_a_run_id_held_by_another_workflow_or_namespace_is_refused(
+        self, store: BaseStore
+    ) -> None:
+        start(store, new_run("shared", "a", namespace="blue"))
+        with pytest.raises(DurableError, match="taken by a run of workflow 'a'"):
+            start(store, new_run("shared", "b", namespace="blue"))
+        with pytest.raises(DurableError, match="namespace 'blue'"):
+            start(store, new_run("shared", "a", namespace="green"), read_namespace="green")
+        assert start(store, new_run("shared", "a"), read_namespace="blue") == StartOutcome(
+            False, "a", "blue"
+        )
+        assert len(store.list_runs()) == 1
+
+    def test_the_quota_counts_every_namespace_unless_reads_are_fenced(
+        self, store: BaseStore
+    ) -> None:
+        shared = quota("shared", 2)
+        start(store, new_run("blue-1", namespace="blue"), shared)
+        start(store, new_run("green-1", namespace="green"), shared)
+        with pytest.raises(ConcurrencyLimitError):
+            start(store, new_run("blue-2", namespace="blue"), shared)
+        # Fenced to its namespace, blue counts only its own run.
+        assert start(
+            store, new_run("blue-2", namespace="blue"), shared, read_namespace="blue"
+        ).created
+        with pytest.raises(ConcurrencyLimitError):
+            start(store, new_run("blue-3", namespace="blue"), shared, read_namespace="blue")
+        assert store.count_runs(tag=shared.tag, namespace="green") == 1
+
+    def test_quota_keys_compare_exactly(self, store: BaseStore) -> None:
+        for first, second in CONFUSABLE:
+            for key in (first, second):
+                assert start(store, new_run(f"{key}/1"), quota(key, 1)).created
+            for key in (first, second):
+                with pytest.raises(ConcurrencyLimitError):
+                    start(store, new_run(f"{key}/2"), quota(key, 1))
+                assert store.count_runs(tag=quota_tag(key)) == 1
+
+    def test_the_quota_lock_is_a_transaction(self, store: BaseStore) -> None:
+        with store.quota_lock("k"):
+            store.create_run(new_run("run-1", tags=(quota_tag("k"),)))
+            assert store.count_runs(tag=quota_tag("k")) == 1
+        assert read(store, "run-1").status == RunStatus.PENDING
+
+    # a turn (claim_run, record_held_step, end_turn) ------------------------------------
+
+    def test_a_claim_takes_a_pending_run_with_its_steps(self, store: BaseStore) -> None:
+        now = timezone.now()
+        make(store, "run-1", tags=["t"])
+        store.record_step("run-1", StepRecord(0, "first", result=1))
+        claim = {"lease_owner": "w", "lease_expires_at": now + HOUR, "started_at": now}
+        claimed = store.claim_run("run-1", **claim, wake_at=None)
+        assert claimed is not None
+        run, steps = claimed
+        assert (run.run_id, run.status, run.tags) == ("run-1", RunStatus.RUNNING, ["t"])
+        assert (run.lease_owner, run.lease_expires_at, run.started_at) == ("w", now + HOUR, now)
+        assert steps == [StepRecord(0, "first", result=1)]
+        assert read(store, "run-1") == run
+        # Running now: a second claim finds nothing to take, and changes nothing.
+        assert store.claim_run("run-1", **{**claim, "lease_owner": "v"}, wake_at=None) is None
+        assert read(store, "run-1").lease_owner == "w"
+        assert store.claim_run("no-such-run", **claim, wake_at=None) is None
+
+    def test_a_held_step_is_recorded_for_the_holder_only(self, store: BaseStore) -> None:
+        make(store, "run-1", RunStatus.RUNNING, lease_owner="w")
+        make(store, "pending", lease_owner="w")
+        assert store.record_held_step("run-1", StepRecord(0, "a", result=1), "w")
+        assert not store.record_held_step("run-1", StepRecord(1, "b", result=2), "v")
+        assert not store.record_held_step("pending", StepRecord(0, "c", result=3), "w")
+        assert store.get_steps("run-1") == [StepRecord(0, "a", result=1)]
+        assert store.get_steps("pending") == []
+        assert read(store, "run-1").status == RunStatus.RUNNING
+        retried = StepRecord(0, "a", result="again")
+        assert store.record_held_step("run-1", retried, "w", replace=True)
+        assert store.get_steps("run-1") == [retried]
+
+    def test_a_turn_ends_with_its_last_record(self, store: BaseStore) -> None:
+        now = timezone.now()
+        tag = quota_tag("k")
+        make(store, "run-1", RunStatus.RUNNING, tags=[tag], lease_owner="w")
+        last = StepRecord(0, "last", result="r")
+        ended = {"output": {"ok": True}, "finished_at": now, "lease_owner": ""}
+        assert not store.end_turn("run-1", "v", RunStatus.COMPLETED, last, **ended)
+        assert store.get_steps("run-1") == []
+        assert read(store, "run-1").status == RunStatus.RUNNING
+        assert store.end_turn("run-1", "w", RunStatus.COMPLETED, last, **ended)
+        run = read(store, "run-1")
+        assert (run.status, run.output, run.finished_at, run.lease_owner) == (
+            RunStatus.COMPLETED,
+            {"ok": True},
+            now,
+            "",
+        )
+        assert store.get_steps("run-1") == [last]
+        assert store.count_runs(tag=tag, statuses=list(DEFAULT_CONCURRENCY_STATUSES)) == 0
+
+    # quota usage --------------------------------------------------------------------
+
+    def test_quota_keys_count_runs_by_key_and_workflow(self, store: BaseStore) -> None:
+        make(store, "run-1", tags=[quota_tag("a"), "user"], workflow="x")
+        make(store, "run-2", RunStatus.SUSPENDED, tags=[quota_tag("a")], workflow="x")
+        make(store, "run-3", RunStatus.RUNNING, tags=[quota_tag("a")], workflow="y")
+        make(store, "run-4", tags=[quota_tag("b")], workflow="x", namespace="blue")
+        make(store, "run-5", RunStatus.COMPLETED, tags=[quota_tag("c")], workflow="x")
+        make(store, "run-6", tags=["CONCURRENCY:d", "concurrency"], workflow="x")
+        active = list(DEFAULT_CONCURRENCY_STATUSES)
+        assert store.quota_keys(active, None) == {"a": {"x": 2, "y": 1}, "b": {"x": 1}}
+        assert store.quota_keys(active, "blue") == {"b": {"x": 1}}
+        assert store.quota_keys(["running"], None) == {"a": {"y": 1}}
+        assert store.quota_keys(["completed"], None) == {"c": {"x": 1}}
+
+    # deleting and purging ------------------------------------------------------------
+
+    def test_deleting_a_run_takes_its_steps_and_tags(self, store: BaseStore) -> None:
+        make(store, "run-1", RunStatus.COMPLETED, tags=[quota_tag("k")])
+        make(store, "run-2", RunStatus.COMPLETED, tags=[quota_tag("k")])
+        store.record_step("run-1", StepRecord(0, "s", result=1))
+        store.delete_run("run-1")
+        store.delete_run("no-such-run")
+        assert store.get_run("run-1") is None
+        assert store.get_steps("run-1") == []
+        assert store.count_runs(tag=quota_tag("k")) == 1
+        assert ids(store.list_runs()) == ["run-2"]
+
+    def test_delete_runs_keeps_active_runs_and_those_below_them(self, store: BaseStore) -> None:
+        make(store, "parent", RunStatus.SUSPENDED)
+        make(store, "parent/child", RunStatus.COMPLETED, parent_id="parent")
+        make(store, "parent/child/grandchild", RunStatus.FAILED, parent_id="parent/child")
+        make(store, "done", RunStatus.COMPLETED)
+        make(store, "done/child", RunStatus.CANCELLED, parent_id="done")
+        make(store, "orphan", RunStatus.COMPLETED, parent_id="gone")
+        make(store, "active")
+        asked = [
+            "parent/child",
+            "parent/child/grandchild",
+            "done/child",
+            "orphan",
+            "active",
+            "no-such-run",
+        ]
+        assert sorted(store.delete_runs(asked)) == ["done/child", "orphan"]
+        assert sorted(ids(store.list_runs())) == [
+            "active",
+            "done",
+            "parent",
+            "parent/child",
+            "parent/child/grandchild",
+        ]
+        store.transition("parent", RunStatus.values, RunStatus.COMPLETED)
+        assert sorted(store.delete_runs(asked)) == ["parent/child", "parent/child/grandchild"]
+
+    def test_purge_runs_goes_by_id_in_batches(self, store: BaseStore) -> None:
+        cutoff = timezone.now() - HOUR
+        for n in range(1, 6):
+            finished(store, f"old-{n}", 2 * HOUR)
+        finished(store, "recent", SECOND)
+        make(store, "failed", RunStatus.FAILED, finished_at=cutoff - HOUR)
+        finished(store, "blue", 2 * HOUR, namespace="blue")
+        make(store, "active")
+        completed = [RunStatus.COMPLETED]
+        assert store.purge_runs(cutoff, completed, "default", 2) == (2, "old-2")
+        assert store.get_run("old-1") is None and store.get_run("old-3") is not None
+        assert store.purge_runs(cutoff, completed, "default", 2, "old-2") == (2, "old-4")
+        deleted, after = store.purge_runs(cutoff, completed, "default", 2, "old-4")
+        assert (deleted, after) == (1, None)
+        assert sorted(ids(store.list_runs())) == ["active", "blue", "failed", "recent"]
+        assert store.purge_runs(cutoff, [*completed, RunStatus.FAILED], None, 10) == (2, None)
+        assert sorted(ids(store.list_runs())) == ["active", "recent"]
+
+    def test_purge_runs_keeps_runs_below_an_active_one(self, store: BaseStore) -> None:
+        cutoff = timezone.now() - HOUR
+        make(store, "parent", RunStatus.SUSPENDED)
+        finished(store, "parent/child", 2 * HOUR, parent_id="parent")
+        finished(store, "single", 2 * HOUR)
+        assert store.purge_runs(cutoff, [RunStatus.COMPLETED], None, 10) == (1, None)
+        assert store.get_run("parent/child") is not None
+
+    def test_purging_signals_keeps_those_not_taken(self, store: BaseStore) -> None:
+        make(store, "run-1")
+        store.send_signal("taken", 1)
+        store.take_signal("run-1", "taken", StepRecord(0, "signal"))
+        store.send_signal("kept", 2)
+        later = timezone.now() + HOUR
+        assert store.purge_signals(later, 10) in (0, 1)  # a store may drop taken signals
+        assert store.purge_signals(later, 10) == 0
+        assert store.has_signal("kept") and not store.has_signal("taken")
+        assert store.take_signal("run-1", "kept", StepRecord(1, "signal")) == (True, 2)
+
+    # the store's environment ---------------------------------------------------------
+
+    def test_the_store_says_whether_workers_share_it(self, store: BaseStore) -> None:
+        assert isinstance(store.is_shared, bool)
+        assert isinstance(store.check(), list)
+        assert store.connection_lost(ValueError("not a database error")) is False
