@@ -20,8 +20,6 @@ from durable_django.models import QuotaLock, Run, RunTag, Schedule, Signal, Step
 from durable_django.registry import make_definition
 from durable_django.testing import run_until_idle
 
-pytestmark = pytest.mark.quota
-
 NUL = "a\x00b"
 SURROGATE = "a\ud800b"
 

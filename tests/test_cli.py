@@ -351,6 +351,7 @@ def manage(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_exit_status_on_the_command_line(transactional_db):
     failed = start_echo("tenant:busy")
     force_status(default_engine, failed, RunStatus.FAILED, error={"type": "x", "message": "y"})

@@ -18,8 +18,6 @@ from durable_django.testing import run_until_idle
 
 from .conftest import echo, force_status
 
-pytestmark = pytest.mark.quota
-
 #: Two texts a case-insensitive, accent-insensitive or space-padding comparison confuses.
 PAIRS = [
     pytest.param("export:alice:1", "export:Alice:1", id="case"),

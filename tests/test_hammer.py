@@ -38,7 +38,7 @@ from tests.testapp.workflows import EchoWorkflow
 
 ECHO = EchoWorkflow.durable.definition
 
-pytestmark = pytest.mark.quota
+pytestmark = pytest.mark.slow
 
 LIMIT = 8
 TRIALS = 20

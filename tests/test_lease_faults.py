@@ -35,6 +35,7 @@ from .worker import Worker, running_worker, unique_queue
 DATABASE = settings.DATABASES["default"]
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(
         DATABASE["ENGINE"].endswith("sqlite3"), reason="SQLite has no server to lose"

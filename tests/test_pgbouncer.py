@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     import psycopg
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(
         connection.vendor != "postgresql", reason="PgBouncer pools PostgreSQL connections"

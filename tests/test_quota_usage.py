@@ -16,8 +16,6 @@ from durable_django.models import Schedule
 
 from .conftest import echo, force_status
 
-pytestmark = pytest.mark.quota
-
 
 def usage_of(engine: Engine, key: str):
     (usage,) = engine.quota_usage(key)

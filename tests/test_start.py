@@ -18,8 +18,6 @@ from durable_django.testing import run_until_idle
 
 from .conftest import echo, force_status
 
-pytestmark = pytest.mark.quota
-
 TENANT_KEY = {"key": lambda input: f"tenant:{input['tenant']}", "limit": 2}
 
 

@@ -40,7 +40,7 @@ from .celery_app import app
 from .recovery_workflows import abc, hold_file, log_lines, once, parent, sleeper, waiter
 from .worker import WAIT, Worker, running_worker, unique_queue
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 #: The lease of every worker here, and of the test process's engine.
 LEASE_SECONDS = 2
