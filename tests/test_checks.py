@@ -31,7 +31,7 @@ from durable_django.checks import (
 from durable_django.engines import default_engine
 from durable_django.registry import make_definition
 
-from .conftest import echo
+from .helpers import echo
 
 
 def ids(messages):

@@ -16,7 +16,7 @@ from durable_django.models import QuotaLock, Schedule
 from durable_django.stores import MemoryStore, OrmStore
 from durable_django.testing import run_until_idle
 
-from .conftest import echo, force_status
+from .helpers import echo, force_status
 
 #: Two texts a case-insensitive, accent-insensitive or space-padding comparison confuses.
 PAIRS = [

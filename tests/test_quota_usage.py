@@ -14,7 +14,7 @@ from durable_django import Concurrency, Engine, RunStatus
 from durable_django import engine as default_engine
 from durable_django.models import Schedule
 
-from .conftest import echo, force_status
+from .helpers import echo, force_status
 
 
 def usage_of(engine: Engine, key: str):

@@ -16,7 +16,7 @@ from durable_django import Engine, RunStatus
 from durable_django.models import Schedule
 from durable_django.schedules import ScheduleSpec, latest_window, next_window, window_run_id
 
-from .conftest import force_status
+from .helpers import force_status
 from .ticker_process import declare, tick_in_process
 
 UTC = datetime.UTC

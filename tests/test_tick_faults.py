@@ -51,8 +51,7 @@ from .faults import (
     proxied_environment,
     proxied_settings,
 )
-from .test_worker_recovery import wait_until
-from .worker import ROOT, WAIT, running_worker, unique_queue
+from .worker import ROOT, WAIT, running_worker, unique_queue, wait_until
 
 ALIAS = "faults"
 WORKFLOWS = ["tests.fault_workflows"]
