@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .concurrency import ConcurrencyOption
 from .registry import WorkflowDefinition, make_definition
 
 if TYPE_CHECKING:
     from .engines import Engine, RunHandle
-
-T = TypeVar("T")
 
 
 class Workflow:

@@ -1,4 +1,5 @@
-"""Fixtures: engines on each store, each with a registry of its own."""
+"""Fixtures: engines on each store, each with a registry of its own, a failing workflow,
+and the brokers. Helpers the tests share live in ``tests/helpers.py``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from durable_django import Engine, RunStatus
+from durable_django import Engine
 from durable_django.registry import Registry
 from durable_django.stores import MemoryStore, OrmStore
+
+from .helpers import boom
 
 if TYPE_CHECKING:
     from .brokers import Broker
@@ -36,20 +39,6 @@ def engine(request: pytest.FixtureRequest, registry: Registry, db: None) -> Engi
     """An engine on the ORM store (the test database) and one on the memory store."""
     store = OrmStore() if request.param == "orm" else MemoryStore()
     return Engine(store=store, registry=registry, enqueue=False)
-
-
-def echo(ctx, input):
-    return {"echo": input}
-
-
-def force_status(engine: Engine, run_id: str, status: str, **fields) -> None:
-    """Put a run in ``status`` whatever it was, as a worker or an operator would."""
-    assert engine.store.transition(run_id, RunStatus.values, status, **fields)
-
-
-def boom(ctx, input):
-    ctx.step("shout", str.upper, input.get("text", ""))
-    raise RuntimeError("the reply service is down")
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from durable_django.admin.display import duration_text
 from durable_django.models import Run, Schedule
 from durable_django.testing import run_until_idle
 
-from .conftest import force_status
+from .helpers import force_status
 
 CHANGELIST = "admin:durable_django_run_changelist"
 QUOTAS = "admin:durable_django_run_quotas"
@@ -223,14 +223,14 @@ def test_the_change_page_of_a_failed_run_shows_the_error_readably(admin_client, 
     html = admin_client.get(change_url(run_id)).content.decode()
     assert "<strong>builtins.RuntimeError</strong>: the reply service is down" in html
     # The whole traceback, in a block that scrolls, durable_django's frames folded: the
-    # user's frame (the workflow body, in tests/conftest.py) is shown, not folded.
+    # user's frame (the workflow body, in tests/helpers.py) is shown, not folded.
     error = html[html.index('<div class="durable-traceback">') :]
     error = error[: error.index("</div>")]
     assert error.startswith('<div class="durable-traceback"><pre>Traceback (most recent call')
     folded = re.findall(r'<details class="durable-library-frames"><summary>(.*?)</summary>', error)
     assert folded and all(re.fullmatch(r"\d+ frames? of durable_django hidden", s) for s in folded)
     shown = re.sub(r"<details.*?</details>", "", error, flags=re.S)
-    assert "conftest.py&quot;, line" in shown and "in boom" in shown
+    assert "helpers.py&quot;, line" in shown and "in boom" in shown
     assert "durable_django/execution.py" not in shown
     assert "RuntimeError: the reply service is down" in shown
     # Times to the second, without microseconds.

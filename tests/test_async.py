@@ -8,8 +8,6 @@ from asgiref.sync import async_to_sync, sync_to_async
 from durable_django import BaseWorkflow, ConcurrencyLimitError, Engine, workflow
 from durable_django.testing import run_until_idle
 
-pytestmark = pytest.mark.quota
-
 
 @pytest.mark.django_db(transaction=True)
 def test_adispatch_with_an_async_limit_function(orm_engine: Engine):

@@ -20,17 +20,7 @@ from durable_django.models import QuotaLock, Run, RunTag, Schedule, Signal, Step
 from durable_django.registry import make_definition
 from durable_django.testing import run_until_idle
 
-pytestmark = pytest.mark.quota
-
-NUL = "a\x00b"
-SURROGATE = "a\ud800b"
-
-
-def nested(depth: int) -> list:
-    value: list = []
-    for _ in range(depth - 1):
-        value = [value]
-    return value
+from .helpers import NUL, SURROGATE, nested
 
 
 def assert_nothing_created() -> None:

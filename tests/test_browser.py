@@ -44,10 +44,13 @@ CHROMIUM_ARGS = [
 USERNAME, PASSWORD = "admin", "browser-test-password"
 WINDOW = {"width": 1280, "height": 800}
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("DURABLE_TEST_DB", "sqlite") != "sqlite",
-    reason="the example project runs on its own SQLite file; once is enough",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.environ.get("DURABLE_TEST_DB", "sqlite") != "sqlite",
+        reason="the example project runs on its own SQLite file; once is enough",
+    ),
+]
 
 # Plans and tenants as in the demo: acme's 8 slots all taken, globex 1 of 2, and a ninth
 # acme turn refused. Then two turns executed in this process: one of globex's completed,

@@ -32,7 +32,7 @@ from durable_django.registry import make_definition
 from durable_django.stores import MemoryStore, OrmStore
 from durable_django.stores.database_checks import database_warnings
 
-from .conftest import echo
+from .helpers import echo
 
 
 def ids(messages):

@@ -19,19 +19,9 @@ from durable_django import engine as default_engine
 from durable_django.management.cli import SUBCOMMANDS, load_subcommands
 from durable_django.testing import run_until_idle
 
-from .conftest import force_status
+from .helpers import durable, durable_json, force_status
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def durable(*args: str) -> str:
-    out = io.StringIO()
-    call_command("durable", *args, stdout=out)
-    return out.getvalue()
-
-
-def durable_json(*args: str):
-    return json.loads(durable(*args, "--json"))
 
 
 def start_echo(key: str = "tenant:acme", **extra) -> str:
@@ -351,6 +341,7 @@ def manage(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_exit_status_on_the_command_line(transactional_db):
     failed = start_echo("tenant:busy")
     force_status(default_engine, failed, RunStatus.FAILED, error={"type": "x", "message": "y"})

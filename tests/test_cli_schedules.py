@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from durable_django import engine as default_engine
 from durable_django.models import Schedule
 
-from .test_cli import durable, durable_json
+from .helpers import durable, durable_json
 
 
 @pytest.fixture

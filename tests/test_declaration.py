@@ -8,7 +8,7 @@ from durable_django import BaseWorkflow, Concurrency, Engine, Workflow, workflow
 from durable_django.registry import Registry, default_registry
 from durable_django.testing import run_until_idle
 
-from .conftest import echo
+from .helpers import echo
 
 
 def test_class_form_gets_start_methods(memory_engine: Engine):

@@ -21,7 +21,7 @@ from durable_django import (
 from durable_django.execution import SignalTimeout, StepError
 from durable_django.testing import run_until_idle
 
-from .conftest import force_status
+from .helpers import force_status
 
 
 def later(seconds: float) -> datetime.datetime:

@@ -15,8 +15,6 @@ from durable_django.signals import event_skipped
 from durable_django.stores import OrmStore
 from durable_django.testing import run_until_idle
 
-pytestmark = pytest.mark.quota
-
 
 def subscribe(engine: Engine, name: str, limit: int | None = None) -> None:
     concurrency = (

@@ -17,9 +17,7 @@ from durable_django.stores import OrmStore
 from durable_django.stores.database_checks import BINARY_COLLATION_MIGRATION, collation_errors
 from durable_django.testing import run_until_idle
 
-from .conftest import echo, force_status
-
-pytestmark = pytest.mark.quota
+from .helpers import echo, force_status
 
 #: Two texts a case-insensitive, accent-insensitive or space-padding comparison confuses.
 PAIRS = [

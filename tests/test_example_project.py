@@ -18,6 +18,8 @@ EXAMPLE_PROJECT = Path(__file__).resolve().parent.parent / "example_project"
 
 DB = os.environ.get("DURABLE_TEST_DB", "sqlite")
 
+pytestmark = pytest.mark.slow
+
 only_once = pytest.mark.skipif(
     DB != "sqlite", reason="the example project's demo runs on its own SQLite file; once is enough"
 )

@@ -11,7 +11,7 @@ from durable_django.registry import Registry
 from durable_django.stores import OrmStore
 from durable_django.testing import run_until_idle
 
-from .conftest import force_status
+from .helpers import force_status
 
 
 def test_steps_are_recorded_and_replayed(engine: Engine):

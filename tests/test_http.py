@@ -8,22 +8,13 @@ from asgiref.sync import async_to_sync
 from django.http import HttpResponse
 from django.test import RequestFactory, override_settings
 
-from durable_django import ConcurrencyLimitError
 from durable_django.http import (
     ConcurrencyLimitMiddleware,
     concurrency_limit_response,
     too_many_requests,
 )
 
-REFUSAL = ConcurrencyLimitError("chat.turn", "tenant:acme", 8, 8)
-
-
-def refusing_view(request):
-    raise REFUSAL
-
-
-async def async_refusing_view(request):
-    raise REFUSAL
+from .http_urls import REFUSAL, async_refusing_view, refusing_view
 
 
 def check_429(response):

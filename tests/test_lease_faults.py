@@ -28,13 +28,14 @@ from .brokers import Broker
 from .celery_app import app
 from .fault_workflows import long_step
 from .faults import TcpProxy, proxied_environment
+from .helpers import run_of, steps_of
 from .recovery_workflows import log_lines
-from .test_worker_recovery import run_of, steps_of, wait_until
-from .worker import Worker, running_worker, unique_queue
+from .worker import Worker, running_worker, unique_queue, wait_until
 
 DATABASE = settings.DATABASES["default"]
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(
         DATABASE["ENGINE"].endswith("sqlite3"), reason="SQLite has no server to lose"

@@ -16,8 +16,6 @@ from durable_django.stores.base import NewRun, StepRecord
 
 from .factories import RunFactory, RunTagFactory
 
-pytestmark = pytest.mark.quota
-
 
 def test_migrations_are_in_step_with_the_models(db):
     out = io.StringIO()

@@ -29,16 +29,17 @@ from tests.hammer_worker import make_engine, run_threads, start_once
 from tests.testapp.workflows import EchoWorkflow
 
 from .brokers import Broker
+from .hammer import LIMIT, PATIENCE, STORES, THREADS, TRIALS, assert_trials, fresh_keys
+from .helpers import status_is
 from .pgbouncer import PgBouncer, find_pgbouncer, running_pgbouncer, through, worker_env
 from .recovery_workflows import abc, log_lines, sleeper
-from .test_hammer import LIMIT, PATIENCE, STORES, THREADS, TRIALS, assert_trials, fresh_keys
-from .test_worker_recovery import status_is, wait_until
-from .worker import Worker, running_worker, unique_queue
+from .worker import Worker, running_worker, unique_queue, wait_until
 
 if TYPE_CHECKING:
     import psycopg
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(
         connection.vendor != "postgresql", reason="PgBouncer pools PostgreSQL connections"

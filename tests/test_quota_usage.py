@@ -14,9 +14,7 @@ from durable_django import Concurrency, Engine, RunStatus
 from durable_django import engine as default_engine
 from durable_django.models import Schedule
 
-from .conftest import echo, force_status
-
-pytestmark = pytest.mark.quota
+from .helpers import echo, force_status
 
 
 def usage_of(engine: Engine, key: str):

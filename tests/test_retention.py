@@ -18,8 +18,7 @@ from durable_django.retention import PurgeResult
 from durable_django.stores import MemoryStore, OrmStore
 from durable_django.testing import run_until_idle
 
-from .conftest import force_status
-from .test_cli import durable, durable_json
+from .helpers import durable, durable_json, force_status
 
 DAYS_AGO_40 = datetime.timedelta(days=40)
 

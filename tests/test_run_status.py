@@ -13,7 +13,7 @@ from durable_django.http import run_status, run_status_view
 from durable_django.stores import OrmStore
 from durable_django.testing import run_until_idle
 
-from .conftest import force_status
+from .helpers import force_status
 
 
 def same_tenant(request, run) -> bool:

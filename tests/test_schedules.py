@@ -16,7 +16,7 @@ from durable_django import Engine, RunStatus
 from durable_django.models import Schedule
 from durable_django.schedules import ScheduleSpec, latest_window, next_window, window_run_id
 
-from .conftest import force_status
+from .helpers import force_status
 from .ticker_process import declare, tick_in_process
 
 UTC = datetime.UTC
@@ -367,6 +367,7 @@ def test_a_disabled_declared_schedule_stays_disabled(orm: Engine, admin_client):
 # concurrent tickers, and one bad schedule among good ones -------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_tickers_creating_declared_schedules_at_once_never_raise(registry, caplog):
     from durable_django.stores import OrmStore
@@ -514,6 +515,7 @@ def test_a_declaration_the_database_refuses_is_skipped_and_the_others_sync(orm_t
         assert updated.concurrency_key == "k" * 220
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_ticker_processes_creating_declared_schedules_at_once_never_raise():
     import multiprocessing

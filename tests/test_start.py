@@ -16,9 +16,7 @@ from durable_django.errors import WorkflowNotFound
 from durable_django.stores import MemoryStore
 from durable_django.testing import run_until_idle
 
-from .conftest import echo, force_status
-
-pytestmark = pytest.mark.quota
+from .helpers import echo, force_status
 
 TENANT_KEY = {"key": lambda input: f"tenant:{input['tenant']}", "limit": 2}
 

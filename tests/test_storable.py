@@ -16,7 +16,7 @@ from durable_django.stores import OrmStore
 from durable_django.testing import run_until_idle
 
 from .database_refusal import MESSAGE, refusing
-from .test_bad_input import NUL, SURROGATE, nested
+from .helpers import NUL, SURROGATE, nested
 
 ONE_SLOT = {"key": "k", "limit": 1}
 

@@ -51,8 +51,7 @@ from .faults import (
     proxied_environment,
     proxied_settings,
 )
-from .test_worker_recovery import wait_until
-from .worker import ROOT, WAIT, running_worker, unique_queue
+from .worker import ROOT, WAIT, running_worker, unique_queue, wait_until
 
 ALIAS = "faults"
 WORKFLOWS = ["tests.fault_workflows"]
@@ -187,6 +186,7 @@ def tick_loops() -> Iterator[Callable[..., TickLoop]]:
         loop.close()
 
 
+@pytest.mark.slow
 @with_faults
 def test_the_tick_loop_goes_on_once_the_database_is_back(
     faulty: Database, tick_loops: Callable[..., TickLoop], tmp_path: Path
@@ -214,6 +214,7 @@ def test_the_tick_loop_goes_on_once_the_database_is_back(
     assert " INFO durable tick works again, after " in logged
 
 
+@pytest.mark.slow
 @with_faults
 def test_a_failing_tick_is_logged_with_its_cause_and_the_loop_waits_longer(
     faulty: Database, caplog: pytest.LogCaptureFixture
@@ -262,6 +263,7 @@ def worker_queue(redis_broker: Broker) -> Iterator[str]:
         redis_broker.delete_queue(queue)
 
 
+@pytest.mark.slow
 @with_faults
 def test_a_worker_ticks_and_executes_again_once_the_database_is_back(
     faulty: Database, worker_queue: str, tmp_path: Path

@@ -24,10 +24,7 @@ from .faults import TcpProxy, database_alias, proxied_settings
 
 ALIAS = "turn_faults"
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True, databases=["default", ALIAS]),
-    pytest.mark.server_db,
-]
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", ALIAS])
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from .celery_app import app
 from .worker import Worker, running_worker, unique_queue
 from .worker_workflows import charge, total
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 class Rollback(Exception):

@@ -20,7 +20,7 @@ import signal
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +33,15 @@ from durable_django import ConcurrencyLimitError, RunStatus
 from durable_django import engine as default_engine
 from durable_django.engines import send_run
 from durable_django.models import Run
-from durable_django.stores.base import RunRecord, StepRecord
+from durable_django.stores.base import StepRecord
 
 from .brokers import Broker
 from .celery_app import app
+from .helpers import run_of, status_is, steps_of
 from .recovery_workflows import abc, hold_file, log_lines, once, parent, sleeper, waiter
-from .worker import WAIT, Worker, running_worker, unique_queue
+from .worker import Worker, running_worker, unique_queue, wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 #: The lease of every worker here, and of the test process's engine.
 LEASE_SECONDS = 2
@@ -64,32 +65,6 @@ def recovery_worker(queue: str) -> Worker:
 def run_files(tmp_path: Path, name: str) -> dict[str, str]:
     """The input naming a run's side-effect log and its blocking steps' release file."""
     return {"log": str(tmp_path / f"{name}.log"), "release": str(tmp_path / f"{name}.release")}
-
-
-def wait_until(predicate: Callable[[], Any], what: str, *workers: Worker) -> Any:
-    """Poll ``predicate`` until it is truthy; fail with the workers' logs after WAIT."""
-    deadline = time.monotonic() + WAIT
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            logs = "".join(f"\nlog of {worker!r}:\n{worker.log()}" for worker in workers)
-            raise AssertionError(f"timed out after {WAIT}s waiting for {what}{logs}")
-        time.sleep(0.05)
-
-
-def run_of(run_id: str) -> RunRecord:
-    return default_engine.get_run(run_id)
-
-
-def status_is(run_id: str, status: str) -> Callable[[], bool]:
-    return lambda: run_of(run_id).status == status
-
-
-def steps_of(run_id: str) -> list[tuple[int, str, Any]]:
-    """The run's recorded steps as ``(position, name, result)``."""
-    return [(s.position, s.name, s.result) for s in default_engine.store.get_steps(run_id)]
 
 
 def wait_lease_lapsed(run_id: str) -> None:

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +225,16 @@ def running_worker(
     finally:
         worker.stop()
         worker.discard_log()
+
+
+def wait_until(predicate: Callable[[], Any], what: str, *workers: Worker) -> Any:
+    """Poll ``predicate`` until it is truthy; fail with the workers' logs after WAIT."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            logs = "".join(f"\nlog of {worker!r}:\n{worker.log()}" for worker in workers)
+            raise AssertionError(f"timed out after {WAIT}s waiting for {what}{logs}")
+        time.sleep(0.05)

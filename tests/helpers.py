@@ -1,0 +1,80 @@
+"""Small helpers the test modules share: workflow bodies, reading and forcing a run's
+status, the ``durable`` command, and values that cannot be stored. Fixtures live in
+``conftest.py``; no test module imports another."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+from django.core.management import call_command
+
+from durable_django import Engine, RunStatus
+from durable_django import engine as default_engine
+from durable_django.stores.base import RunRecord
+
+# workflow bodies -----------------------------------------------------------------------
+
+
+def echo(ctx, input):
+    return {"echo": input}
+
+
+def boom(ctx, input):
+    ctx.step("shout", str.upper, input.get("text", ""))
+    raise RuntimeError("the reply service is down")
+
+
+# runs ----------------------------------------------------------------------------------
+
+
+def force_status(engine: Engine, run_id: str, status: str, **fields) -> None:
+    """Put a run in ``status`` whatever it was, as a worker or an operator would."""
+    assert engine.store.transition(run_id, RunStatus.values, status, **fields)
+
+
+def run_of(run_id: str) -> RunRecord:
+    """The run as the default engine reads it."""
+    return default_engine.get_run(run_id)
+
+
+def status_is(run_id: str, status: str) -> Callable[[], bool]:
+    """A predicate for ``wait_until``: whether the run is in ``status``."""
+    return lambda: run_of(run_id).status == status
+
+
+def steps_of(run_id: str) -> list[tuple[int, str, Any]]:
+    """The run's recorded steps as ``(position, name, result)``."""
+    return [(s.position, s.name, s.result) for s in default_engine.store.get_steps(run_id)]
+
+
+# the durable command -------------------------------------------------------------------
+
+
+def durable(*args: str) -> str:
+    """What ``manage.py durable *args`` prints."""
+    out = io.StringIO()
+    call_command("durable", *args, stdout=out)
+    return out.getvalue()
+
+
+def durable_json(*args: str):
+    """What ``manage.py durable *args --json`` prints, decoded."""
+    return json.loads(durable(*args, "--json"))
+
+
+# values that cannot be stored ----------------------------------------------------------
+
+#: Text no column takes: a NUL character, and a lone surrogate (not encodable as UTF-8).
+NUL = "a\x00b"
+SURROGATE = "a\ud800b"
+
+
+def nested(depth: int) -> list:
+    """A list nested ``depth`` levels deep."""
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
