@@ -11,6 +11,9 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from .conf import durable_settings
+from .engines import default_engine
+from .models import Schedule
+from .registry import default_registry
 
 _SAFE_ISOLATION = {None, "", "read committed", "read uncommitted"}
 
@@ -78,8 +81,6 @@ def _isolation_name(isolation: Any) -> str | None:
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Refuse a ``DURABLE`` setting with unknown keys or an unloadable store."""
     try:
-        from .engines import default_engine
-
         durable_settings()
         default_engine.reload()
         default_engine.config  # noqa: B018  (builds the store)
@@ -112,8 +113,6 @@ def _sending_celery_app() -> Any:
     try:
         if not durable_settings()["ENQUEUE"]:
             return None
-        from .engines import default_engine
-
         if not default_engine.config.store.is_shared:
             return None
     except (ImproperlyConfigured, TypeError, ValueError):
@@ -247,8 +246,6 @@ def _transport_name(url: str) -> str:
 def check_workflows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Warn about declared quotas that cannot be what was meant: a limit that refuses
     every start. (Finished statuses in ``count_statuses`` are refused when declared.)"""
-    from .registry import default_registry
-
     return quota_warnings(default_registry.all())
 
 
@@ -288,9 +285,6 @@ def check_schedules(
     if not databases:
         return []
     from django.db import DatabaseError
-
-    from .engines import default_engine
-    from .models import Schedule
 
     try:
         rows = list(Schedule.objects.enabled().values_list("key", "workflow"))

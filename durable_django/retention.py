@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from django.utils import timezone
 
 from .errors import DurableError
-from .status import TERMINAL_STATUSES
+from .lifecycle import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
     from .engines import Engine

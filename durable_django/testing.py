@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from .engines import Engine, default_engine
 from .status import RunStatus
-
-if TYPE_CHECKING:
-    from .engines import Engine
 
 
 def run_until_idle(engine: Engine | None = None, *, max_turns: int = 10_000) -> int:
@@ -19,7 +15,7 @@ def run_until_idle(engine: Engine | None = None, *, max_turns: int = 10_000) -> 
     settles).
     """
     if engine is None:
-        from .engines import default_engine as engine
+        engine = default_engine
     turns = 0
     while True:
         ready = [
