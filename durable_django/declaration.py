@@ -149,7 +149,7 @@ class BaseWorkflow:
 
     @classmethod
     def _declared(cls) -> Workflow:
-        declared = cls.__dict__.get("durable")
+        declared: Workflow | None = cls.__dict__.get("durable")
         if declared is None:
             raise TypeError(f"{cls.__name__} is not declared; decorate it with @workflow(...)")
         return declared

@@ -44,6 +44,7 @@ from .stores.base import (
     NewRun,
     RunRecord,
     StartOutcome,
+    Store,
     check_quota,
     quota_transaction,
     start_with_primitives,
@@ -332,7 +333,7 @@ def _announce_started(engine: Engine, run: NewRun) -> None:
 
 
 def store_start(
-    store: Any,
+    store: Store,
     run: NewRun,
     quota: quotas.Quota | None,
     *,
@@ -354,7 +355,7 @@ def store_start(
 
 
 def restart_failed_run(
-    store: Any, run: RunRecord, quota: quotas.Quota | None, *, read_namespace: str | None
+    store: Store, run: RunRecord, quota: quotas.Quota | None, *, read_namespace: str | None
 ) -> None:
     """A retry's steps in the store, in one transaction under the quota's key lock, as a
     start's: count the key's active runs (:class:`ConcurrencyLimitError` at the limit),
