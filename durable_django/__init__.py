@@ -8,12 +8,16 @@ from .errors import (
     ChildWorkflowError,
     ConcurrencyLimitError,
     DurableError,
+    NonDeterminismError,
     RunFailed,
     RunNotFound,
     RunTimeout,
+    SignalTimeout,
+    StepError,
     UnstorableValueError,
     WorkflowNotFound,
 )
+from .execution import Context
 from .status import RunStatus
 
 __all__ = [
@@ -22,13 +26,17 @@ __all__ = [
     "ChildWorkflowError",
     "Concurrency",
     "ConcurrencyLimitError",
+    "Context",
     "DurableError",
     "Engine",
+    "NonDeterminismError",
     "RunFailed",
     "RunHandle",
     "RunNotFound",
     "RunStatus",
     "RunTimeout",
+    "SignalTimeout",
+    "StepError",
     "UnstorableValueError",
     "Workflow",
     "WorkflowNotFound",

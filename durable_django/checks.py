@@ -12,6 +12,9 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from .conf import durable_settings
+from .engines import default_engine
+from .models import Schedule
+from .registry import default_registry
 
 
 @checks.register(checks.Tags.compatibility, checks.Tags.database)
@@ -23,8 +26,6 @@ def check_store(
     (``W001``, ``E002``), its columns with ``--database`` and during ``migrate``
     (``E004``). Nothing when the settings do not load: ``check_settings`` reports it."""
     try:
-        from .engines import default_engine
-
         store = default_engine.config.store
     except (ImproperlyConfigured, TypeError, ValueError):
         return []
@@ -35,8 +36,6 @@ def check_store(
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Refuse a ``DURABLE`` setting with unknown keys or an unloadable store."""
     try:
-        from .engines import default_engine
-
         durable_settings()
         default_engine.reload()
         default_engine.config  # noqa: B018  (builds the store)
@@ -69,8 +68,6 @@ def _sending_celery_app() -> Any:
     try:
         if not durable_settings()["ENQUEUE"]:
             return None
-        from .engines import default_engine
-
         if not default_engine.config.store.is_shared:
             return None
     except (ImproperlyConfigured, TypeError, ValueError):
@@ -204,8 +201,6 @@ def _transport_name(url: str) -> str:
 def check_workflows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Warn about declared quotas that cannot be what was meant: a limit that refuses
     every start. (Finished statuses in ``count_statuses`` are refused when declared.)"""
-    from .registry import default_registry
-
     return quota_warnings(default_registry.all())
 
 
@@ -245,9 +240,6 @@ def check_schedules(
     if not databases:
         return []
     from django.db import DatabaseError
-
-    from .engines import default_engine
-    from .models import Schedule
 
     try:
         rows = list(Schedule.objects.enabled().values_list("key", "workflow"))

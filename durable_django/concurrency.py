@@ -15,15 +15,12 @@ from typing import Any, Union
 
 from asgiref.sync import async_to_sync, sync_to_async
 
-from .limits import MAX_LIMIT, MIN_LIMIT, text_lengths
+from .lifecycle import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES
+from .limits import MAX_LIMIT, MIN_LIMIT, TAG_PREFIX, text_lengths
 from .serialization import validate_text
-from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES
 
 #: The statuses that occupy a slot unless ``count_statuses`` says otherwise.
 DEFAULT_CONCURRENCY_STATUSES: tuple[str, ...] = ACTIVE_STATUSES
-
-#: A run started under quota key ``K`` carries the tag ``concurrency:K``.
-TAG_PREFIX = "concurrency:"
 
 KeyFunction = Callable[[Any], str | None]
 LimitFunction = Callable[[str], int | Awaitable[int]]

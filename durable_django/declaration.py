@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from .concurrency import ConcurrencyOption
+from .engines import Engine, default_engine
+from .execution import Context, current_context
 from .registry import WorkflowDefinition, make_definition
-
-if TYPE_CHECKING:
-    from .engines import Engine, RunHandle
+from .starting import RunHandle
 
 
 class Workflow:
@@ -36,11 +36,7 @@ class Workflow:
     @property
     def engine(self) -> Engine:
         """The engine this workflow starts on (the default engine unless one was given)."""
-        if self._engine is not None:
-            return self._engine
-        from .engines import default_engine
-
-        return default_engine
+        return self._engine if self._engine is not None else default_engine
 
     def dispatch(
         self,
@@ -129,10 +125,8 @@ class Workflow:
         return await handle.aresult(timeout=timeout)
 
 
-def _running_body(declared: Workflow, namespace: str | None) -> Any:
+def _running_body(declared: Workflow, namespace: str | None) -> Context | None:
     """The context of the workflow body running here, if this start happens inside one."""
-    from .execution import current_context
-
     context = current_context.get()
     if context is None:
         return None
@@ -150,39 +144,91 @@ class BaseWorkflow:
 
     durable: ClassVar[Workflow]
 
-    def run(self, ctx: Any, input: Any) -> Any:
+    def run(self, ctx: Context, input: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement run(self, ctx, input)")
 
     @classmethod
     def _declared(cls) -> Workflow:
-        declared = cls.__dict__.get("durable")
+        declared: Workflow | None = cls.__dict__.get("durable")
         if declared is None:
             raise TypeError(f"{cls.__name__} is not declared; decorate it with @workflow(...)")
         return declared
 
     @classmethod
-    def dispatch(cls, input: Any = None, **options: Any) -> RunHandle:
+    def dispatch(
+        cls,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> RunHandle:
         """See :meth:`Workflow.dispatch`."""
-        return cls._declared().dispatch(input, **options)
+        return cls._declared().dispatch(
+            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
+        )
 
     @classmethod
-    async def adispatch(cls, input: Any = None, **options: Any) -> RunHandle:
+    async def adispatch(
+        cls,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> RunHandle:
         """See :meth:`Workflow.adispatch`."""
-        return await cls._declared().adispatch(input, **options)
+        return await cls._declared().adispatch(
+            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
+        )
 
     @classmethod
-    def start(cls, input: Any = None, **options: Any) -> Any:
+    def start(
+        cls,
+        input: Any = None,
+        *,
+        timeout: float | None = None,
+        run_id: str | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> Any:
         """See :meth:`Workflow.start`."""
-        return cls._declared().start(input, **options)
+        return cls._declared().start(
+            input,
+            timeout=timeout,
+            run_id=run_id,
+            concurrency=concurrency,
+            tags=tags,
+            namespace=namespace,
+        )
 
     @classmethod
-    async def astart(cls, input: Any = None, **options: Any) -> Any:
+    async def astart(
+        cls,
+        input: Any = None,
+        *,
+        timeout: float | None = None,
+        run_id: str | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> Any:
         """See :meth:`Workflow.astart`."""
-        return await cls._declared().astart(input, **options)
+        return await cls._declared().astart(
+            input,
+            timeout=timeout,
+            run_id=run_id,
+            concurrency=concurrency,
+            tags=tags,
+            namespace=namespace,
+        )
 
 
-def _class_body(cls: type[BaseWorkflow]) -> Callable[[Any, Any], Any]:
-    def body(ctx: Any, input: Any) -> Any:
+def _class_body(cls: type[BaseWorkflow]) -> Callable[[Context, Any], Any]:
+    def body(ctx: Context, input: Any) -> Any:
         return cls().run(ctx, input)
 
     body.__durable_source__ = cls  # type: ignore[attr-defined]
@@ -226,10 +272,7 @@ def workflow(
             on_event=on_event,
             schedule=schedule,
         )
-        if engine is None:
-            from .engines import default_engine as target_engine
-        else:
-            target_engine = engine
+        target_engine = engine if engine is not None else default_engine
         declared = Workflow(target_engine.registry.add(definition), engine)
         if is_class:
             target.durable = declared

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import datetime
 import time
-import uuid
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from . import concurrency as quotas
+from . import starting
 from .conf import build_store, durable_settings
-from .errors import ConcurrencyLimitError, DurableError, RunFailed, RunNotFound, RunTimeout
+from .errors import RunNotFound, RunTimeout
+from .events import PublishResult, publish
+from .execution import execute_run
 from .limits import text_lengths
 from .registry import (
     Registry,
@@ -26,26 +27,16 @@ from .registry import (
     WorkflowDefinition,
     default_registry,
     make_definition,
-    validate_tags,
 )
 from .retention import PurgeResult, purge
 from .serialization import check_text, json_copy, validate_text
-from .signals import run_finished, run_refused, run_started
+from .signals import run_finished
 from .signals import send as send_signal
+from .starting import RunHandle, WorkflowRef
 from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES, RunStatus
-from .stores.base import (
-    BaseStore,
-    NewRun,
-    RunRecord,
-    StartOutcome,
-    check_quota,
-    quota_transaction,
-)
+from .stores.base import BaseStore, RunRecord
 from .tick import TickResult, tick
-
-if TYPE_CHECKING:
-    from .events import PublishResult
-    from .usage import QuotaUsage
+from .usage import QuotaUsage, quota_usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,44 +51,6 @@ class EngineConfig:
     lease_seconds: float
     blocked_retry_seconds: float
     pending_resend_seconds: float
-
-
-class RunHandle:
-    """A started run: its id, its workflow, whether this start created it, and its fate.
-
-    ``run_id`` (str), ``workflow`` (its name) and ``created`` (False when an idempotent
-    re-start found the run already there) are plain attributes; ``status`` is read afresh.
-    """
-
-    __slots__ = ("created", "engine", "run_id", "workflow")
-
-    def __init__(self, engine: Engine, run_id: str, workflow: str, created: bool) -> None:
-        self.engine = engine
-        self.run_id = run_id
-        self.workflow = workflow
-        self.created = created
-
-    def __repr__(self) -> str:
-        return f"<RunHandle {self.workflow} {self.run_id} created={self.created}>"
-
-    @property
-    def status(self) -> str:
-        """The run's status, read afresh."""
-        return self.engine.get_run(self.run_id).status
-
-    def result(self, timeout: float | None = None) -> Any:
-        """Wait for the run to settle; return its output, or raise :class:`RunFailed`."""
-        return _outcome(self.engine.wait_for_run(self.run_id, timeout=timeout))
-
-    async def aresult(self, timeout: float | None = None) -> Any:
-        """``result`` for async code."""
-        return await sync_to_async(self.result)(timeout)
-
-
-def _outcome(run: RunRecord) -> Any:
-    if run.status == "completed":
-        return run.output
-    raise RunFailed(run.run_id, run.status, run.error)
 
 
 class Engine:
@@ -236,7 +189,7 @@ class Engine:
             )
         )
 
-    def definition(self, workflow: Any) -> WorkflowDefinition:
+    def definition(self, workflow: WorkflowRef) -> WorkflowDefinition:
         """The definition to start for a name, a declared workflow or a definition."""
         if isinstance(workflow, WorkflowDefinition):
             return workflow
@@ -252,7 +205,7 @@ class Engine:
 
     def start(
         self,
-        workflow: Any,
+        workflow: WorkflowRef,
         input: Any = None,
         run_id: str | None = None,
         *,
@@ -265,15 +218,16 @@ class Engine:
         ``run_id`` is an idempotency key: re-starting it returns the existing run
         (``handle.created`` is False) and is never refused. ``concurrency`` replaces the
         workflow's quota for this start. Raises :class:`ConcurrencyLimitError` when the
-        quota is full; then nothing is created and nothing is sent.
+        quota is full; then nothing is created and nothing is sent. The steps are
+        :mod:`durable_django.starting`'s.
         """
-        definition, input, concurrency = self._prepare(workflow, input, concurrency)
-        quota = quotas.resolve(concurrency, input, definition.name)
-        return self._start(definition, input, quota, run_id, tags, namespace)
+        return starting.start(
+            self, workflow, input, run_id, concurrency=concurrency, tags=tags, namespace=namespace
+        )
 
     async def astart(
         self,
-        workflow: Any,
+        workflow: WorkflowRef,
         input: Any = None,
         run_id: str | None = None,
         *,
@@ -282,14 +236,14 @@ class Engine:
         namespace: str | None = None,
     ) -> RunHandle:
         """``start`` for async code; an async limit function is awaited on the loop."""
-        definition, input, concurrency = self._prepare(workflow, input, concurrency)
-        quota = await quotas.aresolve(concurrency, input, definition.name)
-        return await sync_to_async(self._start)(definition, input, quota, run_id, tags, namespace)
+        return await starting.astart(
+            self, workflow, input, run_id, concurrency=concurrency, tags=tags, namespace=namespace
+        )
 
     def start_child(
         self,
         parent: RunRecord,
-        workflow: Any,
+        workflow: WorkflowRef,
         input: Any,
         run_id: str,
         *,
@@ -297,76 +251,9 @@ class Engine:
         tags: Iterable[str] = (),
     ) -> RunHandle:
         """Start a child of ``parent``, in its namespace, under the child's quota."""
-        definition, input, concurrency = self._prepare(workflow, input, concurrency)
-        quota = quotas.resolve(concurrency, input, definition.name)
-        return self._start(
-            definition, input, quota, run_id, tags, parent.namespace, parent_id=parent.run_id
+        return starting.start_child(
+            self, parent, workflow, input, run_id, concurrency=concurrency, tags=tags
         )
-
-    def _prepare(
-        self, workflow: Any, input: Any, concurrency: quotas.ConcurrencyOption
-    ) -> tuple[WorkflowDefinition, Any, quotas.Concurrency | None]:
-        """The definition, the input as JSON, and the quota that applies (a per-start
-        one replaces the workflow's)."""
-        definition = self.definition(workflow)
-        input = json_copy(input, f"the input of workflow {definition.name!r}")
-        option = quotas.for_start(concurrency) if concurrency is not None else None
-        return definition, input, option or definition.concurrency
-
-    def _start(
-        self,
-        definition: WorkflowDefinition,
-        input: Any,
-        quota: quotas.Quota | None,
-        run_id: str | None,
-        tags: Iterable[str],
-        namespace: str | None,
-        *,
-        parent_id: str | None = None,
-    ) -> RunHandle:
-        config = self.config
-        lengths = text_lengths()
-        explicit_id = run_id is not None
-        if explicit_id:
-            validate_text(run_id, "run_id", lengths.run_id)
-        else:
-            run_id = uuid.uuid4().hex
-        all_tags = (*definition.tags, *validate_tags(tags), *((quota.tag,) if quota else ()))
-        queue = definition.queue if definition.remote else config.queue
-        run = NewRun(
-            run_id=run_id,
-            workflow=definition.name,
-            version=definition.version,
-            namespace=(
-                validate_text(namespace, "namespace", lengths.namespace)
-                if namespace is not None
-                else config.namespace
-            ),
-            input=input,
-            tags=tuple(dict.fromkeys(all_tags)),
-            queue=queue,
-            parent_id=parent_id,
-        )
-        try:
-            outcome = self._store_start(run, quota, explicit_id)
-        except ConcurrencyLimitError as error:
-            send_signal(run_refused, type(self), engine=self, workflow=run.workflow, error=error)
-            raise
-        if outcome.created:
-            self.send(run_id, queue)
-            if run_started.has_listeners():
-                self.store.on_commit(
-                    lambda: send_signal(
-                        run_started,
-                        type(self),
-                        engine=self,
-                        run_id=run.run_id,
-                        workflow=run.workflow,
-                        namespace=run.namespace,
-                        parent_id=run.parent_id,
-                    )
-                )
-        return RunHandle(self, run_id, outcome.workflow, outcome.created)
 
     def send(self, run_id: str, queue: str) -> None:
         """Have a worker execute the run once the current transaction commits (a message on
@@ -374,13 +261,6 @@ class Engine:
         config = self.config
         if config.enqueue and config.store.is_shared:
             config.store.on_commit(lambda: send_run(run_id, queue))
-
-    def _store_start(
-        self, run: NewRun, quota: quotas.Quota | None, check_existing: bool
-    ) -> StartOutcome:
-        return self.store.start_run(
-            run, quota, check_existing=check_existing, read_namespace=self.read_namespace
-        )
 
     # waking, signals, cancel and retry ----------------------------------------------
 
@@ -449,41 +329,7 @@ class Engine:
         Raises :class:`ConcurrencyLimitError` when the quota is full, and
         :class:`DurableError` when the run has not failed.
         """
-        run = self.get_run(run_id)
-        if run.status != RunStatus.FAILED:
-            raise DurableError(f"only a failed run can be retried; run {run_id!r} is {run.status}")
-        definition = self.registry.get(run.workflow, run.version) or self.registry.latest(
-            run.workflow
-        )
-        option = quotas.for_start(concurrency) if concurrency is not None else None
-        quota = quotas.resolve(option or definition.concurrency, run.input, run.workflow)
-        store = self.store
-        with quota_transaction(store, quota):
-            if quota is not None:
-                try:
-                    check_quota(store, quota, run.workflow, self.read_namespace)
-                except ConcurrencyLimitError as error:
-                    send_signal(
-                        run_refused, type(self), engine=self, workflow=run.workflow, error=error
-                    )
-                    raise
-            restarted = store.transition(
-                run_id,
-                [RunStatus.FAILED],
-                RunStatus.PENDING,
-                attempt=run.attempt + 1,
-                output=None,
-                error=None,
-                finished_at=None,
-                wake_at=None,
-                wait=None,
-            )
-            if not restarted:
-                raise DurableError(f"run {run_id!r} changed while it was being retried")
-            store.forget_failed_steps(run_id)
-            store.set_quota_tag(run_id, quota.tag if quota else None)
-        self.send(run_id, run.queue)
-        return RunHandle(self, run_id, run.workflow, True)
+        return starting.retry(self, run_id, concurrency=concurrency)
 
     # events and schedules -------------------------------------------------------------
 
@@ -495,8 +341,6 @@ class Engine:
         creates and sends nothing. With ``id``, a re-publish of the same event starts
         nothing new.
         """
-        from .events import publish
-
         return publish(self, name, payload, id)
 
     # the tick -------------------------------------------------------------------------
@@ -581,8 +425,6 @@ class Engine:
     def quota_usage(self, key: str | None = None) -> list[QuotaUsage]:
         """Every quota key holding active runs (or just ``key``): how many, for which
         workflows, against the limit they declare. Busiest first."""
-        from .usage import quota_usage
-
         _check_filters(key=key)
         return quota_usage(self, key)
 
@@ -603,8 +445,6 @@ class Engine:
 
     def execute(self, run_id: str) -> bool:
         """Execute one turn of the run if it is waiting for a worker; True if it did."""
-        from .execution import execute_run
-
         return execute_run(self, run_id)
 
 

@@ -88,3 +88,20 @@ class RunFailed(DurableError):
 
 class RunTimeout(DurableError, TimeoutError):
     """A wait for a run to settle ran out of time; the run goes on."""
+
+
+class StepError(DurableError):
+    """A step failed (after its retries); ``error`` holds the recorded type and message."""
+
+    def __init__(self, name: str, error: dict[str, Any]) -> None:
+        self.name = name
+        self.error = error
+        super().__init__(f"step {name!r} failed: {error.get('type')}: {error.get('message')}")
+
+
+class SignalTimeout(DurableError, TimeoutError):
+    """``ctx.wait_for_signal`` ran out of time before a signal came."""
+
+
+class NonDeterminismError(DurableError):
+    """A replay reached a different durable call than the one recorded at that position."""

@@ -6,15 +6,14 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import concurrency as quotas
-from .errors import DurableError
 from .limits import text_lengths
 from .serialization import json_copy, validate_text
 from .signals import event_skipped
 from .signals import send as send_signal
+from .starting import Planned, RunHandle, start_together
 
 if TYPE_CHECKING:
-    from .engines import Engine, RunHandle
+    from .engines import Engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,31 +51,18 @@ def publish(engine: Engine, name: str, payload: Any, id: str | None = None) -> P
         validate_text(id, "an event id")
     payload = json_copy(payload, f"the payload of event {name!r}")
     subscribers = engine.registry.subscribers(name)
-    started: dict[int, RunHandle] = {}
-    skipped: dict[int, tuple[str, Exception]] = {}
-    # First the key and limit functions, before anything is written.
-    ready = []
-    for index, definition in enumerate(subscribers):
-        try:
-            quota = quotas.resolve(definition.concurrency, payload, definition.name)
-        except (TypeError, ValueError) as error:
-            skipped[index] = (definition.name, error)
-        else:
-            ready.append((index, definition, quota))
-    # Then the starts, in one transaction, each under its key's lock until the end. The
-    # keys are taken in one order, so two publishes sharing keys never wait on each other
-    # in a cycle.
-    ready.sort(key=lambda item: (item[2].key if item[2] else "", item[1].name))
-    store = engine.store
-    with store.atomic():
-        for index, definition, quota in ready:
-            run_id = None if id is None else event_run_id(name, id, definition.name)
-            try:
-                with store.atomic():  # a savepoint: a refusal undoes this subscriber only
-                    input = json_copy(payload, f"the payload of event {name!r}")
-                    started[index] = engine._start(definition, input, quota, run_id, (), None)
-            except (DurableError, TypeError, ValueError) as error:
-                skipped[index] = (definition.name, error)
+    started, refused = start_together(
+        engine,
+        [
+            Planned(
+                definition,
+                json_copy(payload, f"the payload of event {name!r}"),
+                None if id is None else event_run_id(name, id, definition.name),
+            )
+            for definition in subscribers
+        ],
+    )
+    skipped = {index: (subscribers[index].name, error) for index, error in refused.items()}
     for index in sorted(skipped):
         workflow, error = skipped[index]
         send_signal(

@@ -20,33 +20,44 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
+from .concurrency import ConcurrencyOption
 from .db import (
     close_connections,
     close_dropped_connections,
     one_line,
 )
-from .errors import ChildWorkflowError, ConcurrencyLimitError, DurableError, UnstorableValueError
-from .limits import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK, text_lengths
+from .errors import (
+    ChildWorkflowError,
+    ConcurrencyLimitError,
+    DurableError,
+    NonDeterminismError,
+    SignalTimeout,
+    StepError,
+    UnstorableValueError,
+)
+from .limits import (
+    CHILD_STEP_PREFIX,
+    MAX_ERROR_MESSAGE,
+    MAX_ERROR_TRACEBACK,
+    SIGNAL_STEP_PREFIX,
+    text_lengths,
+)
 from .records import RunRecord, StepRecord
 from .serialization import json_copy, storable_text, validate_text
+from .starting import RunHandle, WorkflowRef
 from .status import TERMINAL_STATUSES, RunStatus
 
 if TYPE_CHECKING:
-    from .engines import Engine, RunHandle
+    from .engines import Engine
     from .stores.base import BaseStore
 
 logger = logging.getLogger(__name__)
-
-#: The names of the steps recording a signal and a child start: the prefix, then the
-#: signal's token or the child's workflow name.
-SIGNAL_STEP_PREFIX = "durable.signal:"
-CHILD_STEP_PREFIX = "durable.child:"
 
 #: A durable call this long after the previous one first checks the connections.
 IDLE_CHECK_SECONDS = 1.0
@@ -55,23 +66,6 @@ IDLE_CHECK_SECONDS = 1.0
 current_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
     "durable_django_context", default=None
 )
-
-
-class NonDeterminismError(DurableError):
-    """A replay reached a different durable call than the one recorded at that position."""
-
-
-class StepError(DurableError):
-    """A step failed (after its retries); ``error`` holds the recorded type and message."""
-
-    def __init__(self, name: str, error: dict[str, Any]) -> None:
-        self.name = name
-        self.error = error
-        super().__init__(f"step {name!r} failed: {error.get('type')}: {error.get('message')}")
-
-
-class SignalTimeout(DurableError, TimeoutError):
-    """``ctx.wait_for_signal`` ran out of time before a signal came."""
 
 
 class Suspend(BaseException):
@@ -374,7 +368,13 @@ class Context:
             return store.take_signal(self.run_id, token, step)
 
     def start_child(
-        self, workflow: Any, input: Any = None, child_id: str | None = None, **options: Any
+        self,
+        workflow: WorkflowRef,
+        input: Any = None,
+        child_id: str | None = None,
+        *,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
     ) -> str:
         """Start a child run and go on; returns its run id.
 
@@ -382,19 +382,29 @@ class Context:
         ``concurrency=`` and ``tags=`` work as on any start. A start refused by the
         child's quota raises :class:`ChildWorkflowError` (``cause``: the refusal).
         """
-        return self._start_child(workflow, input, child_id, options)[0]
+        return self._start_child(workflow, input, child_id, concurrency, tags)[0]
 
     def start_child_handle(
-        self, workflow: Any, input: Any = None, child_id: str | None = None, **options: Any
+        self,
+        workflow: WorkflowRef,
+        input: Any = None,
+        child_id: str | None = None,
+        *,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
     ) -> RunHandle:
         """``start_child``, returning the child's handle (``Wf.dispatch`` in a body)."""
-        from .engines import RunHandle
-
-        run_id, created = self._start_child(workflow, input, child_id, options)
+        run_id, created = self._start_child(workflow, input, child_id, concurrency, tags)
         return RunHandle(self.engine, run_id, self.engine.definition(workflow).name, created)
 
     def child(
-        self, workflow: Any, input: Any = None, child_id: str | None = None, **options: Any
+        self,
+        workflow: WorkflowRef,
+        input: Any = None,
+        child_id: str | None = None,
+        *,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
     ) -> Any:
         """Start a child run, suspend until it settles, and return its output.
 
@@ -402,7 +412,7 @@ class Context:
         its start was refused by its quota (``cause`` is the ``ConcurrencyLimitError``),
         or when the child was deleted before this run read its outcome.
         """
-        run_id, _ = self._start_child(workflow, input, child_id, options)
+        run_id, _ = self._start_child(workflow, input, child_id, concurrency, tags)
         with _reaching(self.engine.store):
             child = self.engine.store.get_run(run_id)
         if child is None:
@@ -424,7 +434,12 @@ class Context:
         )
 
     def _start_child(
-        self, workflow: Any, input: Any, child_id: str | None, options: dict[str, Any]
+        self,
+        workflow: WorkflowRef,
+        input: Any,
+        child_id: str | None,
+        concurrency: ConcurrencyOption,
+        tags: Iterable[str],
     ) -> tuple[str, bool]:
         definition = self.engine.definition(workflow)
         name = CHILD_STEP_PREFIX + definition.name
@@ -433,7 +448,9 @@ class Context:
             run_id = child_id if child_id is not None else f"{self.run_id}/{position}"
             try:
                 with _reaching(self.engine.store):
-                    handle = self.engine.start_child(self.run, definition, input, run_id, **options)
+                    handle = self.engine.start_child(
+                        self.run, definition, input, run_id, concurrency=concurrency, tags=tags
+                    )
                     if not handle.created:
                         _check_own_child(self, run_id)
             except ConcurrencyLimitError as error:

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_safe
 
+from .engines import default_engine
 from .errors import ConcurrencyLimitError, RunNotFound
 from .status import TERMINAL_STATUSES
 from .stores.base import RunRecord
@@ -149,8 +150,6 @@ def run_status_view(
 
     @require_safe
     def view(request: HttpRequest, run_id: str) -> HttpResponse:
-        from .engines import default_engine
-
         if "\x00" in run_id:  # no run has one, and PostgreSQL refuses it in a query
             return run_not_found(run_id)
         try:

@@ -1,9 +1,11 @@
 """The limits of what the store holds, in one place.
 
 Text lengths are read from the model fields that hold the text, on first use (reading
-them needs Django's app registry). A name that a durable call turns into a step name
-(``durable.signal:<token>``, ``durable.child:<workflow>``) is also held to what the step
-name's column leaves for it, so a legal name never makes a step name too long.
+them needs Django's app registry). A name that gets a prefix before it is stored (a quota
+key in its tag ``concurrency:<key>``, a signal token or a child's workflow in a step name
+``durable.signal:<token>``, ``durable.child:<workflow>``) is also held to what the column
+leaves for it, so a legal name never makes a stored one too long; the prefixes are defined
+here for that reason.
 
 JSON values and quota limits have limits of their own, the same on every database:
 ``docs/databases.md`` says what each database refuses and why these numbers.
@@ -35,6 +37,14 @@ function takes: the same range on every database."""
 MAX_ERROR_MESSAGE = 10_000
 MAX_ERROR_TRACEBACK = 50_000
 
+#: A run started under quota key ``K`` carries the tag ``concurrency:K``.
+TAG_PREFIX = "concurrency:"
+
+#: The names of the steps recording a signal and a child start: the prefix, then the
+#: signal's token or the child's workflow name.
+SIGNAL_STEP_PREFIX = "durable.signal:"
+CHILD_STEP_PREFIX = "durable.child:"
+
 
 @dataclass(frozen=True, slots=True)
 class TextLengths:
@@ -55,8 +65,6 @@ class TextLengths:
 @functools.cache
 def text_lengths() -> TextLengths:
     """The lengths, read from the models once (the app registry must be ready)."""
-    from .concurrency import TAG_PREFIX
-    from .execution import CHILD_STEP_PREFIX, SIGNAL_STEP_PREFIX
     from .models import QuotaLock, Run, RunTag, Schedule, Signal, Step
 
     def column(model: type, *names: str) -> int:

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 from typing import Any
 
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import connections, models
+from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Q
 from django.utils import timezone
 from django.utils import timezone as django_timezone
 
+from .errors import UnstorableValueError, WorkflowNotFound
 from .fields import ExactCharField
+from .registry import default_registry
+from .serialization import json_copy, text_problem
 from .status import RunStatus
+from .windows import next_window, schedule_quota, validate_timing
 
 
 class RunQuerySet(models.QuerySet["Run"]):
@@ -301,10 +308,6 @@ class Schedule(models.Model):
         their place for a field both refuse): a number that is not an int (``2.5``,
         ``True``) is refused, not rounded; ranges are the same on every database; text
         and JSON must not hold a NUL character."""
-        from django.core.exceptions import ValidationError
-
-        from .schedules import column_errors
-
         given = {
             field.name: getattr(self, field.attname)
             for field in self._meta.concrete_fields
@@ -321,12 +324,6 @@ class Schedule(models.Model):
 
     def clean(self) -> None:
         """Refuse what could not fire: the timing, the workflow, the quota options."""
-        from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
-
-        from .engines import default_engine
-        from .errors import WorkflowNotFound
-        from .schedules import schedule_quota, validate_timing
-
         errors: dict[str, list[str]] = {}
         try:
             validate_timing(self.cron, self.timezone, self.interval_seconds)
@@ -339,7 +336,7 @@ class Schedule(models.Model):
                 field = "cron" if self.cron else "interval_seconds"
             errors.setdefault(field, []).append(str(error))
         try:
-            default_engine.registry.latest(self.workflow)
+            default_registry.latest(self.workflow)
         except WorkflowNotFound as error:
             errors.setdefault("workflow", []).append(str(error))
         try:
@@ -351,9 +348,39 @@ class Schedule(models.Model):
 
     def compute_next_due(self, after: datetime.datetime) -> datetime.datetime:
         """The first window after ``after``."""
-        from .schedules import next_window
-
         return next_window(self.cron, self.timezone, self.interval_seconds, after)
+
+
+def column_errors(fields: Mapping[str, Any]) -> dict[str, str]:
+    """What the schedule table's columns would refuse among ``fields`` (``{name: value}``),
+    by field name: text longer than its column or holding a NUL character, JSON holding a
+    NUL character, a number that is not an int or is past its column's range. The limits
+    are read from the model's fields, and the ranges are the same on every database."""
+    errors = {}
+    for name, value in fields.items():
+        column = Schedule._meta.get_field(name)
+        label = column.verbose_name
+        kind = column.get_internal_type()
+        if value is None:
+            continue
+        if kind in BaseDatabaseOperations.integer_field_ranges:
+            low, high = BaseDatabaseOperations.integer_field_ranges[kind]
+            if isinstance(value, bool) or not isinstance(value, int):
+                errors[name] = f"{label} must be a whole number, not {value!r}"
+            elif not low <= value <= high:
+                errors[name] = f"{label} must be between {low} and {high}, not {value}"
+        elif isinstance(value, str) and column.max_length and len(value) > column.max_length:
+            errors[name] = (
+                f"{label} is {len(value)} characters long; its column holds {column.max_length}"
+            )
+        elif isinstance(value, str) and (problem := text_problem(value)):
+            errors[name] = f"{label} cannot be stored: {problem}"
+        elif kind == "JSONField":
+            try:
+                json_copy(value, str(label))
+            except UnstorableValueError as error:
+                errors[name] = str(error)
+    return errors
 
 
 class QuotaLock(models.Model):

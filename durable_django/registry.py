@@ -10,8 +10,8 @@ from typing import Any
 from .concurrency import TAG_PREFIX, Concurrency, ConcurrencyOption, for_workflow
 from .errors import UnstorableValueError, WorkflowNotFound
 from .limits import text_lengths
-from .schedules import ScheduleSpec
 from .serialization import validate_text
+from .windows import ScheduleSpec
 
 WorkflowBody = Callable[[Any, Any], Any]
 

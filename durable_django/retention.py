@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
-from .status import TERMINAL_STATUSES
+from .lifecycle import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
     from .engines import Engine

@@ -1,8 +1,10 @@
-"""Run statuses."""
+"""Run statuses, as Django choices (the plain values live in :mod:`~durable_django.lifecycle`)."""
 
 from __future__ import annotations
 
 from django.db import models
+
+from .lifecycle import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES
 
 
 class RunStatus(models.TextChoices):
@@ -22,6 +24,4 @@ class RunStatus(models.TextChoices):
         return TERMINAL_STATUSES
 
 
-ACTIVE_STATUSES: tuple[str, ...] = ("pending", "running", "suspended", "blocked")
-TERMINAL_STATUSES: tuple[str, ...] = ("completed", "failed", "cancelled")
-ALL_STATUSES: frozenset[str] = frozenset(RunStatus.values)
+__all__ = ["ACTIVE_STATUSES", "ALL_STATUSES", "TERMINAL_STATUSES", "RunStatus"]

@@ -8,7 +8,9 @@ from typing import Any
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
+from .conf import durable_settings
 from .db import close_connections
+from .engines import default_engine
 from .ticker import Ticker
 
 #: How many times a message is tried again while the database cannot be reached, after
@@ -32,8 +34,6 @@ def execute_run(run_id: str) -> None:
     ``OperationalError`` or ``InterfaceError``), the message is sent again after 1, 2,
     4 ... 32 seconds; a run that was not waiting for a worker by then is left alone.
     """
-    from .engines import default_engine
-
     try:
         default_engine.execute(run_id)
     except (OperationalError, InterfaceError) as error:
@@ -60,8 +60,6 @@ def tick() -> dict[str, int] | None:
 def beat_schedule(seconds: float = 5.0) -> dict[str, dict[str, object]]:
     """A Celery beat entry running the tick every ``seconds``, on ``DURABLE["QUEUE"]``
     when one is set: ``app.conf.beat_schedule = {**beat_schedule(), ...}``."""
-    from .conf import durable_settings
-
     entry: dict[str, object] = {"task": "durable_django.tick", "schedule": seconds}
     queue = durable_settings()["QUEUE"]
     if queue:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .engines import Engine, default_engine
 from .status import RunStatus
 
 if TYPE_CHECKING:
-    from .engines import Engine
     from .stores.contract import StoreContract
 
 
@@ -22,8 +22,6 @@ def run_until_idle(engine: Engine | None = None, *, max_turns: int = 10_000) -> 
     settles).
     """
     if engine is None:
-        from .engines import default_engine
-
         engine = default_engine
     turns = 0
     while True:

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from .db import close_connections, close_stale_connections, one_line
-
-if TYPE_CHECKING:
-    from .engines import Engine
-    from .tick import TickResult
+from .engines import Engine, default_engine
+from .tick import TickResult
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +34,7 @@ class Ticker:
 
     @property
     def engine(self) -> Engine:
-        if self._engine is None:
-            from .engines import default_engine
-
-            return default_engine
-        return self._engine
+        return self._engine if self._engine is not None else default_engine
 
     def tick(self) -> TickResult | None:
         """One tick of the engine: what it did, or None when it failed."""

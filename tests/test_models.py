@@ -9,8 +9,9 @@ from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from durable_django.lifecycle import ALL_STATUSES, TERMINAL_STATUSES
 from durable_django.models import Run, RunTag
-from durable_django.status import ACTIVE_STATUSES
+from durable_django.status import ACTIVE_STATUSES, RunStatus
 from durable_django.stores import OrmStore
 from durable_django.stores.base import NewRun, StepRecord
 
@@ -21,6 +22,12 @@ def test_migrations_are_in_step_with_the_models(db):
     out = io.StringIO()
     call_command("makemigrations", "--check", "--dry-run", stdout=out, stderr=out)
     assert "No changes detected" in out.getvalue()
+
+
+def test_the_status_choices_are_the_life_cycle_s_values():
+    assert list(RunStatus.values) == [*ACTIVE_STATUSES, *TERMINAL_STATUSES]
+    assert set(RunStatus.values) == ALL_STATUSES
+    assert RunStatus.terminal_values() == TERMINAL_STATUSES
 
 
 def test_the_count_is_one_count_query_on_the_tag_rows(db):

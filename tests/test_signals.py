@@ -85,3 +85,17 @@ def test_a_failing_receiver_is_logged_and_changes_nothing(memory_engine: Engine,
     finally:
         run_refused.disconnect(broken)
     assert "receiver" in caplog.text and "receiver bug" in caplog.text
+
+
+def test_a_retry_refused_by_the_quota_is_refused_like_a_start(engine: Engine, received):
+    engine.register("wf", "1", lambda ctx, i: 1 / 0, concurrency={"key": lambda i: "k", "limit": 1})
+    failed = engine.start("wf", 1)
+    run_until_idle(engine)
+    engine.start("wf", 2)  # holds the key's one slot
+    with pytest.raises(ConcurrencyLimitError):
+        engine.retry(failed.run_id)
+    # (The starts and the finish are sent on commit, which a test's transaction never does.)
+    assert names(received).count("refused") == 1 and names(received)[-1] == "refused"
+    refused = received[-1][1]
+    assert (refused["workflow"], refused["error"].key, refused["error"].active) == ("wf", "k", 1)
+    assert engine.get_run(failed.run_id).status == "failed"

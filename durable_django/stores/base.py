@@ -29,11 +29,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..concurrency import TAG_PREFIX, Quota
-from ..db import connection_lost as database_connection_lost
 from ..errors import ConcurrencyLimitError, DurableError
+from ..lifecycle import TERMINAL_STATUSES
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..retention import active_ancestors
-from ..status import TERMINAL_STATUSES, RunStatus
 
 if TYPE_CHECKING:
     from django.core.checks import CheckMessage
@@ -224,11 +223,37 @@ class BaseStore(abc.ABC):
             self.create_run(run)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
 
+    def retry_run(self, run: RunRecord, quota: Quota | None, *, read_namespace: str | None) -> None:
+        """A retry's part of the start path, in one transaction under ``quota``'s lock, as
+        :meth:`start_run`'s: count the key's active runs
+        (:class:`~durable_django.ConcurrencyLimitError` at the limit, nothing changed), then,
+        in place of the insert, make the failed ``run`` pending again as its next attempt,
+        forget its failed steps and give it the quota's tag (or none). Raises
+        :class:`~durable_django.DurableError` when the run is no longer failed."""
+        with quota_transaction(self, quota):
+            if quota is not None:
+                check_quota(self, quota, run.workflow, read_namespace)
+            restarted = self.transition(
+                run.run_id,
+                ["failed"],
+                "pending",
+                attempt=run.attempt + 1,
+                output=None,
+                error=None,
+                finished_at=None,
+                wake_at=None,
+                wait=None,
+            )
+            if not restarted:
+                raise DurableError(f"run {run.run_id!r} changed while it was being retried")
+            self.forget_failed_steps(run.run_id)
+            self.set_quota_tag(run.run_id, quota.tag if quota else None)
+
     def claim_run(self, run_id: str, **fields: Any) -> tuple[RunRecord, list[StepRecord]] | None:
         """A turn's claim: move a pending run to running with ``fields``, and return it and
         its recorded steps; ``None`` (nothing changed) when it was not pending."""
         with self.atomic():
-            if not self.transition(run_id, [RunStatus.PENDING], RunStatus.RUNNING, **fields):
+            if not self.transition(run_id, ["pending"], "running", **fields):
                 return None
             run = self.get_run(run_id)
             assert run is not None
@@ -239,7 +264,7 @@ class BaseStore(abc.ABC):
     ) -> bool:
         """Record ``step`` only while ``owner`` holds the running run, in one transaction;
         False, and nothing recorded, when it does not."""
-        return self._record_held(run_id, owner, RunStatus.RUNNING, step, replace=replace)
+        return self._record_held(run_id, owner, "running", step, replace=replace)
 
     def end_turn(
         self, run_id: str, owner: str, status: str, step: StepRecord, **fields: Any
@@ -262,7 +287,7 @@ class BaseStore(abc.ABC):
         """The holder's transition from running to ``status`` (to running itself, one that
         only checks), then ``step``'s record, in one transaction."""
         with self.atomic():
-            if not self.transition(run_id, [RunStatus.RUNNING], status, owner=owner, **fields):
+            if not self.transition(run_id, ["running"], status, owner=owner, **fields):
                 return False
             self.record_step(run_id, step, replace=replace)
             return True
@@ -338,9 +363,8 @@ class BaseStore(abc.ABC):
     def connection_lost(self, error: BaseException) -> bool:
         """Whether ``error`` is the store's database going away (a restart, a failover, a
         network cut), not a refusal of one statement: the turn is then handed back rather
-        than failed. The default asks the connection of :attr:`using`; without one, no
-        error is."""
-        return self.using is not None and database_connection_lost(error, self.using)
+        than failed. The default says no: a store on a database overrides it."""
+        return False
 
     def check(self, **kwargs: Any) -> list[CheckMessage]:
         """System check messages about this store's configuration (``manage.py check``

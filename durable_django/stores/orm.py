@@ -43,6 +43,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from ..concurrency import TAG_PREFIX, Quota
+from ..db import connection_lost
 from ..errors import ConcurrencyLimitError, DurableError
 from ..models import QuotaLock, Run, RunTag, Signal, Step
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
@@ -78,6 +79,9 @@ class OrmStore(BaseStore):
 
     def __repr__(self) -> str:
         return f"OrmStore(using={self.using!r})"
+
+    def connection_lost(self, error: BaseException) -> bool:
+        return connection_lost(error, self.using)
 
     def check(self, **kwargs: Any) -> list[CheckMessage]:
         """The checks of its database: from its settings, that the quota can serialise

@@ -1,0 +1,334 @@
+"""The start path: every way a run begins goes through this module, in this order.
+
+``engine.start`` / ``astart`` (and ``Wf.dispatch``, ``Wf.start`` ...), child starts
+(``ctx.child``, ``ctx.start_child``), ``engine.retry``, event triggers
+(:func:`durable_django.events.publish`) and schedule windows
+(:func:`durable_django.schedules.fire`) each take these steps:
+
+1. **validate**: the workflow, the input (JSON), the run id, tags and namespace
+   (:func:`prepare`, :func:`new_run`), before anything is written;
+2. **resolve the quota**: the per-start ``concurrency`` or else the workflow's, for this
+   input (:func:`durable_django.concurrency.resolve`): one key and one int limit, or none;
+3. **lock**: the quota key's lock, held until the transaction ends;
+4. **idempotency**: a ``run_id`` already taken returns that run, and is never refused
+   (checked under the lock, so two starts racing with one run id make one run);
+5. **count**: the key's active runs; at the limit, :class:`ConcurrencyLimitError` (and
+   the ``run_refused`` signal), with nothing created;
+6. **insert**: the run and its tags; for a retry, the failed run made pending again;
+7. **enqueue on commit**: the Celery message, and ``run_started``, once the transaction
+   commits.
+
+Steps 3 to 6 happen in the store, in one transaction: ``BaseStore.start_run`` for a new
+run (one call on PostgreSQL), ``BaseStore.retry_run`` for a retry.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from asgiref.sync import sync_to_async
+
+from . import concurrency as quotas
+from .errors import ConcurrencyLimitError, DurableError, RunFailed
+from .limits import text_lengths
+from .records import NewRun, RunRecord
+from .registry import WorkflowDefinition, validate_tags
+from .serialization import json_copy, validate_text
+from .signals import run_refused, run_started
+from .signals import send as send_signal
+from .status import RunStatus
+
+if TYPE_CHECKING:
+    from .declaration import BaseWorkflow, Workflow
+    from .engines import Engine
+
+#: What names a workflow to start: its registered name, a declared workflow (a
+#: ``@workflow`` function or ``BaseWorkflow`` class), or a definition.
+WorkflowRef: TypeAlias = "str | WorkflowDefinition | Workflow | type[BaseWorkflow]"
+
+
+class RunHandle:
+    """A started run: its id, its workflow, whether this start created it, and its fate.
+
+    ``run_id`` (str), ``workflow`` (its name) and ``created`` (False when an idempotent
+    re-start found the run already there) are plain attributes; ``status`` is read afresh.
+    """
+
+    __slots__ = ("created", "engine", "run_id", "workflow")
+
+    def __init__(self, engine: Engine, run_id: str, workflow: str, created: bool) -> None:
+        self.engine = engine
+        self.run_id = run_id
+        self.workflow = workflow
+        self.created = created
+
+    def __repr__(self) -> str:
+        return f"<RunHandle {self.workflow} {self.run_id} created={self.created}>"
+
+    @property
+    def status(self) -> str:
+        """The run's status, read afresh."""
+        return self.engine.get_run(self.run_id).status
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the run to settle; return its output, or raise :class:`RunFailed`."""
+        return _outcome(self.engine.wait_for_run(self.run_id, timeout=timeout))
+
+    async def aresult(self, timeout: float | None = None) -> Any:
+        """``result`` for async code."""
+        return await sync_to_async(self.result)(timeout)
+
+
+def _outcome(run: RunRecord) -> Any:
+    if run.status == RunStatus.COMPLETED:
+        return run.output
+    raise RunFailed(run.run_id, run.status, run.error)
+
+
+# the starts ---------------------------------------------------------------------------
+
+
+def start(
+    engine: Engine,
+    workflow: WorkflowRef,
+    input: Any = None,
+    run_id: str | None = None,
+    *,
+    concurrency: quotas.ConcurrencyOption = None,
+    tags: Iterable[str] = (),
+    namespace: str | None = None,
+) -> RunHandle:
+    """What :meth:`Engine.start <durable_django.Engine.start>` does."""
+    definition, input, option = prepare(engine, workflow, input, concurrency)
+    quota = quotas.resolve(option, input, definition.name)
+    return admit(engine, definition, input, quota, run_id, tags, namespace)
+
+
+async def astart(
+    engine: Engine,
+    workflow: WorkflowRef,
+    input: Any = None,
+    run_id: str | None = None,
+    *,
+    concurrency: quotas.ConcurrencyOption = None,
+    tags: Iterable[str] = (),
+    namespace: str | None = None,
+) -> RunHandle:
+    """:func:`start` for async code: an async limit function is awaited on the loop."""
+    definition, input, option = prepare(engine, workflow, input, concurrency)
+    quota = await quotas.aresolve(option, input, definition.name)
+    return await sync_to_async(admit)(engine, definition, input, quota, run_id, tags, namespace)
+
+
+def start_child(
+    engine: Engine,
+    parent: RunRecord,
+    workflow: WorkflowRef,
+    input: Any,
+    run_id: str,
+    *,
+    concurrency: quotas.ConcurrencyOption = None,
+    tags: Iterable[str] = (),
+) -> RunHandle:
+    """Start a child of ``parent``, in its namespace, under the child's quota."""
+    definition, input, option = prepare(engine, workflow, input, concurrency)
+    quota = quotas.resolve(option, input, definition.name)
+    return admit(
+        engine, definition, input, quota, run_id, tags, parent.namespace, parent_id=parent.run_id
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """One start of :func:`start_together`: a workflow, its JSON input, and its run id
+    (``None`` for a new one)."""
+
+    definition: WorkflowDefinition
+    input: Any
+    run_id: str | None = None
+
+
+def start_together(
+    engine: Engine, planned: Sequence[Planned]
+) -> tuple[dict[int, RunHandle], dict[int, Exception]]:
+    """Start several runs in one transaction, each under its own quota: what an event
+    does for its subscribers. Returns the handles of the runs started and the errors of
+    the starts skipped, each by its index in ``planned``.
+
+    Every quota is resolved first, before anything is written: a start whose key or
+    limit function fails on its input is skipped. Then each start runs in a savepoint of
+    its own: one refused by its quota, or whose values cannot be stored, is skipped and
+    undone alone, and the others go on; an unexpected error (the database refusing a
+    write, a lost connection) undoes them all and sends nothing. The keys are locked in
+    one order, by key then workflow name, and each lock is held until the transaction
+    ends: two batches sharing keys never wait on each other in a cycle.
+    """
+    started: dict[int, RunHandle] = {}
+    skipped: dict[int, Exception] = {}
+    ready: list[tuple[int, Planned, quotas.Quota | None]] = []
+    for index, start in enumerate(planned):
+        try:
+            quota = quotas.resolve(start.definition.concurrency, start.input, start.definition.name)
+        except (TypeError, ValueError) as error:
+            skipped[index] = error
+        else:
+            ready.append((index, start, quota))
+    ready.sort(key=lambda item: (item[2].key if item[2] else "", item[1].definition.name))
+    store = engine.store
+    with store.atomic():
+        for index, start, quota in ready:
+            try:
+                with store.atomic():  # a savepoint: a refusal undoes this start only
+                    started[index] = admit(
+                        engine, start.definition, start.input, quota, start.run_id, (), None
+                    )
+            except (DurableError, TypeError, ValueError) as error:
+                skipped[index] = error
+    return started, skipped
+
+
+def retry(
+    engine: Engine, run_id: str, *, concurrency: quotas.ConcurrencyOption = None
+) -> RunHandle:
+    """What :meth:`Engine.retry <durable_django.Engine.retry>` does: a start of the failed
+    run, as its next attempt, through the same steps as any start."""
+    run = engine.get_run(run_id)
+    if run.status != RunStatus.FAILED:
+        raise DurableError(f"only a failed run can be retried; run {run_id!r} is {run.status}")
+    definition = engine.registry.get(run.workflow, run.version) or engine.registry.latest(
+        run.workflow
+    )
+    option = _quota_option(definition, concurrency)
+    quota = quotas.resolve(option, run.input, run.workflow)
+    try:
+        engine.store.retry_run(run, quota, read_namespace=engine.read_namespace)
+    except ConcurrencyLimitError as error:
+        _refused(engine, run.workflow, error)
+        raise
+    engine.send(run_id, run.queue)
+    return RunHandle(engine, run_id, run.workflow, True)
+
+
+# the steps ----------------------------------------------------------------------------
+
+
+def prepare(
+    engine: Engine,
+    workflow: WorkflowRef,
+    input: Any,
+    concurrency: quotas.ConcurrencyOption,
+) -> tuple[WorkflowDefinition, Any, quotas.Concurrency | None]:
+    """Validate a start: the definition, the input as JSON, and the quota that applies
+    (a per-start one replaces the workflow's)."""
+    definition = engine.definition(workflow)
+    input = json_copy(input, f"the input of workflow {definition.name!r}")
+    return definition, input, _quota_option(definition, concurrency)
+
+
+def _quota_option(
+    definition: WorkflowDefinition, concurrency: quotas.ConcurrencyOption
+) -> quotas.Concurrency | None:
+    option = quotas.for_start(concurrency) if concurrency is not None else None
+    return option or definition.concurrency
+
+
+def admit(
+    engine: Engine,
+    definition: WorkflowDefinition,
+    input: Any,
+    quota: quotas.Quota | None,
+    run_id: str | None,
+    tags: Iterable[str],
+    namespace: str | None,
+    *,
+    parent_id: str | None = None,
+) -> RunHandle:
+    """The steps after the quota is resolved: lock, idempotency, count and insert in the
+    store, then the message and ``run_started`` on commit (or ``run_refused``)."""
+    run = new_run(engine, definition, input, quota, run_id, tags, namespace, parent_id)
+    try:
+        outcome = engine.store.start_run(
+            run,
+            quota,
+            check_existing=run_id is not None,
+            read_namespace=engine.read_namespace,
+        )
+    except ConcurrencyLimitError as error:
+        _refused(engine, run.workflow, error)
+        raise
+    if outcome.created:
+        engine.send(run.run_id, run.queue)
+        _announce_started(engine, run)
+    return RunHandle(engine, run.run_id, outcome.workflow, outcome.created)
+
+
+def new_run(
+    engine: Engine,
+    definition: WorkflowDefinition,
+    input: Any,
+    quota: quotas.Quota | None,
+    run_id: str | None,
+    tags: Iterable[str],
+    namespace: str | None,
+    parent_id: str | None = None,
+) -> NewRun:
+    """The run to insert, its id, tags and namespace checked (a new id when none is
+    given; the engine's namespace when none is given)."""
+    config = engine.config
+    lengths = text_lengths()
+    if run_id is None:
+        run_id = uuid.uuid4().hex
+    else:
+        validate_text(run_id, "run_id", lengths.run_id)
+    all_tags = (*definition.tags, *validate_tags(tags), *((quota.tag,) if quota else ()))
+    return NewRun(
+        run_id=run_id,
+        workflow=definition.name,
+        version=definition.version,
+        namespace=(
+            validate_text(namespace, "namespace", lengths.namespace)
+            if namespace is not None
+            else config.namespace
+        ),
+        input=input,
+        tags=tuple(dict.fromkeys(all_tags)),
+        queue=definition.queue if definition.remote else config.queue,
+        parent_id=parent_id,
+    )
+
+
+def _refused(engine: Engine, workflow: str, error: ConcurrencyLimitError) -> None:
+    send_signal(run_refused, type(engine), engine=engine, workflow=workflow, error=error)
+
+
+def _announce_started(engine: Engine, run: NewRun) -> None:
+    if run_started.has_listeners():
+        engine.store.on_commit(
+            lambda: send_signal(
+                run_started,
+                type(engine),
+                engine=engine,
+                run_id=run.run_id,
+                workflow=run.workflow,
+                namespace=run.namespace,
+                parent_id=run.parent_id,
+            )
+        )
+
+
+__all__ = [
+    "Planned",
+    "RunHandle",
+    "WorkflowRef",
+    "admit",
+    "astart",
+    "new_run",
+    "prepare",
+    "retry",
+    "start",
+    "start_child",
+    "start_together",
+]
