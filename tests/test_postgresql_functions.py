@@ -9,6 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.loader import MigrationLoader
 from django.test import override_settings
 
 from durable_django.stores.postgres import function_definitions, parse_functions
@@ -116,12 +117,17 @@ def test_other_databases_get_no_function():
     assert "FUNCTION" not in out.getvalue()
 
 
-def test_the_migration_installs_every_function_of_the_file():
-    from django.db.migrations.loader import MigrationLoader
-
-    migration = MigrationLoader(None).get_migration(*FUNCTIONS_MIGRATION)
-    operations = [op for op in migration.operations if isinstance(op, InstallFunctions)]
-    assert [name for op in operations for name in op.names] == list(function_definitions())
+def test_the_migrations_install_every_function_of_the_file_once():
+    loader = MigrationLoader(None)
+    names = [
+        name
+        for key in loader.graph.forwards_plan(loader.graph.leaf_nodes(APP)[0])
+        if key[0] == APP
+        for operation in loader.get_migration(*key).operations
+        if isinstance(operation, InstallFunctions)
+        for name in operation.names
+    ]
+    assert names == list(function_definitions())
 
 
 BODY = "AS $$\nBEGIN\nEND\n$$;"
