@@ -75,12 +75,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--reuse", action="store_true", help="keep an existing database and its history"
     )
-    parser.add_argument(
-        "--migrate-to",
-        metavar="MIGRATION",
-        help="stop at this durable_django migration (e.g. 0002, to measure the earlier "
-        "durable_start_run); the default is the latest",
-    )
     return parser.parse_args()
 
 
@@ -176,7 +170,7 @@ def count_round_trips(start: Callable[[], object]) -> tuple[int, int]:
 
 
 def explain_count(history: int, start: Callable[[], object]) -> str:
-    """The plans ``durable_start_run`` uses for the count during one start on the history
+    """The plans ``durable_start_run_v1`` uses for the count during one start on the history
     key, captured with ``auto_explain``; a plain EXPLAIN of the same statement without it."""
     from django.db import connection
     from django.db.utils import DatabaseError
@@ -219,7 +213,7 @@ def explain_count(history: int, start: Callable[[], object]) -> str:
             pgconn.remove_notice_handler(keep)
             with connection.cursor() as cursor:
                 cursor.execute("SET auto_explain.log_min_duration = -1")
-        out.append("-- as run inside durable_start_run by one start (auto_explain):")
+        out.append("-- as run inside durable_start_run_v1 by one start (auto_explain):")
         for notice in notices:
             if "FROM durable_run_tag t" in notice and "count(*)" in notice:
                 lines = notice.splitlines()
@@ -227,7 +221,7 @@ def explain_count(history: int, start: Callable[[], object]) -> str:
                 out.append(lines[0].strip())
                 out += plan
     with connection.cursor() as cursor:
-        # Before 0003 the function counted with one `status = ANY(...)`: its plan on the
+        # The first start function counted with one `status = ANY(...)`: its plan on the
         # key whose finished runs all came after the last ANALYZE (the b variant's key).
         cursor.execute(
             "SELECT count(*) FROM durable_run_tag WHERE tag = %s AND status = 'completed'",
@@ -240,7 +234,7 @@ def explain_count(history: int, start: Callable[[], object]) -> str:
             [SMALL_TAG, ACTIVE],
         )
         out.append(
-            f"-- for comparison, the single `status = ANY(...)` count of migration 0002 on "
+            f"-- for comparison, the single `status = ANY(...)` count of the first function on "
             f"{SMALL_TAG!r}, whose {finished:,} completed runs came after the last ANALYZE:"
         )
         out += [row[0] for row in cursor.fetchall()]
@@ -280,8 +274,6 @@ def main() -> None:
     app.config_from_object("django.conf:settings", namespace="CELERY")
 
     call_command("migrate", verbosity=0)
-    if args.migrate_to:
-        call_command("migrate", "durable_django", args.migrate_to, verbosity=0)
     began = time.perf_counter()
     insert_history(args.history)
     print(
@@ -407,8 +399,6 @@ def main() -> None:
         f"PostgreSQL {server.split()[0]}, Redis broker, {os.cpu_count()} cores (shared); "
         f"{rounds} rounds x {args.batch} starts per variant, measured in {elapsed:.0f} s"
     )
-    if args.migrate_to:
-        print(f"durable_django migrated to {args.migrate_to} only")
     print()
     header = (
         f"| {'variant':<36} | {'starts/s':>8} | {'mean µs':>8} | {'median µs':>9} "

@@ -73,7 +73,7 @@ elif DB == "mariadb":
             "HOST": os.environ.get("DURABLE_MYSQL_HOST", "127.0.0.1"),
             "PORT": os.environ.get("DURABLE_MYSQL_PORT", "3306"),
             "OPTIONS": {"charset": "utf8mb4"},
-            # The server's default collation: migration 0009 makes the columns that hold
+            # The server's default collation: migration 0001 makes the columns that hold
             # ids and keys compare byte for byte whatever it is.
             "TEST": {"CHARSET": "utf8mb4"},
         }

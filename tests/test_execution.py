@@ -218,7 +218,7 @@ def test_the_claims_asynchronous_commit_stays_with_the_claim(registry: Registry)
         run_id = engine.start("wf", {}).run_id
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
-                "SELECT r_status FROM durable_claim_run(%s, 'me', now(), now(), now(), %s)",
+                "SELECT r_status FROM durable_claim_run_v1(%s, 'me', now(), now(), now(), %s)",
                 [run_id, async_commit],
             )
             assert cursor.fetchone()[0] == "running"

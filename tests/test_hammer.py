@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from durable_django import ConcurrencyLimitError
 from durable_django.models import QuotaLock, Run, RunTag, Signal
-from durable_django.stores.orm import ADVISORY_LOCK_PREFIX, is_deadlock
+from durable_django.stores.orm import is_deadlock
 from tests.hammer_worker import (
     WORKFLOW,
     Outcome,
@@ -401,10 +401,7 @@ class RunIdHolder(threading.Thread):
                 self.inserted.set()
                 assert self.take_key.wait(PATIENCE), "never told to take the key"
                 if on_postgresql:
-                    cursor.execute(
-                        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                        [ADVISORY_LOCK_PREFIX + self.key],
-                    )
+                    cursor.execute("SELECT durable_lock_quota_key_v1(%s)", [self.key])
                 else:
                     QuotaLock.objects.filter(key=self.key).update(last_start_at=timezone.now())
         except BaseException as error:

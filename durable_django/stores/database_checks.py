@@ -11,7 +11,7 @@ from django.core import checks
 _SAFE_ISOLATION = {None, "", "read committed", "read uncommitted"}
 
 #: The migration that gives the columns holding ids and keys their binary collation.
-BINARY_COLLATION_MIGRATION = ("durable_django", "0009_binary_collation")
+BINARY_COLLATION_MIGRATION = ("durable_django", "0001_initial")
 
 
 def database_warnings(databases: dict[str, dict[str, Any]]) -> list[checks.CheckMessage]:
@@ -72,9 +72,9 @@ def collation_errors(connection: Any) -> list[checks.CheckMessage]:
     """Refuse, on MySQL/MariaDB, columns holding run ids and keys that compare without
     regard to case, accents or trailing spaces (``E004``); it reads the database.
 
-    Only once migration 0009 is recorded as applied (before, ``migrate`` installs the
-    collations): a column without the collation its field asks for was created otherwise,
-    or the migration was faked.
+    Only once migration 0001 is recorded as applied (before, ``migrate`` makes the tables
+    with their collations): a column without the collation its field asks for was made
+    otherwise, or the migration was faked.
     """
     if connection.vendor != "mysql":
         return []
@@ -117,9 +117,10 @@ def collation_errors(connection: Any) -> list[checks.CheckMessage]:
             f"regard to case, accents or trailing spaces: {', '.join(wrong)}",
             hint=(
                 f"They need the binary, no-pad collation {wanted} that migration "
-                "durable_django 0009 gives them, but it is recorded as applied: run it "
-                "again with `python manage.py migrate durable_django 0008 --skip-checks` "
-                "then `python manage.py migrate durable_django`."
+                "durable_django 0001 gives them when it makes the tables. Change them to "
+                "it (`ALTER TABLE ... MODIFY ... COLLATE ...`), or make the tables again: "
+                "`python manage.py migrate durable_django zero --skip-checks`, which "
+                "deletes every run, then `python manage.py migrate durable_django`."
             ),
             id="durable_django.E004",
         )

@@ -1,29 +1,25 @@
 """The default store: runs in the project's database, through the Django ORM.
 
-Starts take one of two paths:
+Each operation takes one of two paths:
 
-- on PostgreSQL, one call of the ``durable_start_run`` function (installed by the
-  migrations): advisory lock on the key, existing-run check, count and inserts in a single
-  round trip;
-- elsewhere (SQLite, MySQL/MariaDB), the portable path: the lock of the key's
-  ``QuotaLock`` row (on SQLite an upsert, which takes the database's write lock; on
-  MySQL/MariaDB an ``UPDATE`` of the row, inserted and committed beforehand when the key
-  is new), then the existing-run check, the count and the inserts, all in one
-  transaction. On PostgreSQL the portable path (``fast_path=False``, and retries) takes
-  the function's advisory lock instead, so the two paths serialise against each other.
+- on PostgreSQL (``fast_path=True``, the default), one call of a function of
+  ``stores/postgres/functions.sql``, installed by migration 0002: a start
+  (``durable_start_run_v1``: the key's advisory lock, the existing-run check, the count
+  and the inserts), a claim that also returns the run and its recorded steps
+  (``durable_claim_run_v1``), a step's record with the check that the worker still holds
+  the run (``durable_record_held_step_v1``), and a status change of the run and its tags
+  together, with the turn's last record at the end of a turn (``durable_transition_v1``).
+  Each is one round trip, one statement for its caller, planned once per connection;
+- elsewhere (SQLite, MySQL/MariaDB), and for what no function covers (a step's record
+  replacing a failed one, a claim or a transition setting other columns), the portable
+  path: the ORM's queries in one transaction. A start locks the key's ``QuotaLock`` row
+  (on SQLite an upsert, which takes the database's write lock; on MySQL/MariaDB an
+  ``UPDATE`` of the row, inserted and committed beforehand when the key is new), then
+  checks for an existing run, counts and inserts. On PostgreSQL the portable path
+  (``fast_path=False``, and retries) takes the function's advisory lock instead
+  (``durable_lock_quota_key_v1``), so the two paths serialise against each other.
 
 A start the database rolls back to break a deadlock is tried again (``start_run``).
-
-Executing runs has a PostgreSQL fast path too (``fast_path=True``): a status change
-(``transition``) is one statement updating the run and its tags together; a claim
-(``claim_run``) is one statement that also returns the run and its recorded steps; a
-step's record with the check that the worker still holds the run (``record_held_step``)
-is one statement, and so is the end of a turn with its last record (``end_turn``). The
-usual ones of a turn (the claim, a step's record, a transition by the run's holder) call
-the functions of migrations 0006 and 0007, whose plans each connection keeps; the others
-are sent as SQL. A claim made outside a transaction of the caller's commits without
-waiting for the disk (migration 0007 says why that is safe). Elsewhere these are the
-ORM's queries in one transaction.
 """
 
 from __future__ import annotations
@@ -52,12 +48,17 @@ from ..status import TERMINAL_STATUSES, RunStatus
 from .base import BaseStore, existing_outcome
 from .database_checks import collation_errors, database_warnings
 
-#: What the advisory lock of a quota key hashes: this prefix and the key.
-ADVISORY_LOCK_PREFIX = "durable_django:"
-
+#: The calls of the functions of ``stores/postgres/functions.sql``.
+_LOCK_KEY_SQL = "SELECT durable_lock_quota_key_v1(%s)"
 _START_SQL = (
-    "SELECT outcome, active, found_workflow, found_namespace FROM durable_start_run("
+    "SELECT outcome, active, found_workflow, found_namespace FROM durable_start_run_v1("
     "%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s, %s, %s, %s::text[], %s, %s)"
+)
+_CLAIM_SQL = "SELECT * FROM durable_claim_run_v1(%s, %s, %s, %s, %s, %s)"
+_RECORD_HELD_SQL = "SELECT durable_record_held_step_v1(%s, %s, %s::integer, %s, %s, %s, %s)"
+_TRANSITION_SQL = (
+    "SELECT durable_transition_v1(%s, %s::text[], %s, %s, %s, %s, %s, %s::text[], "
+    "%s, %s, %s, %s, %s, %s, %s, %s, %s::integer, %s, %s::integer, %s, %s, %s)"
 )
 
 
@@ -107,10 +108,10 @@ class OrmStore(BaseStore):
     def quota_lock(self, key: str) -> Iterator[None]:
         """One transaction holding the key's lock until it ends.
 
-        On PostgreSQL the transaction-scoped advisory lock ``durable_start_run`` takes
-        (so both paths serialise against each other); on MySQL/MariaDB the lock of the
-        key's existing row (:meth:`_row_lock`); elsewhere the key's lock row, written by an
-        upsert.
+        On PostgreSQL the transaction-scoped advisory lock ``durable_start_run_v1`` takes
+        (``durable_lock_quota_key_v1``, so both paths serialise against each other); on
+        MySQL/MariaDB the lock of the key's existing row (:meth:`_row_lock`); elsewhere the
+        key's lock row, written by an upsert.
         """
         connection = connections[self.using]
         if connection.vendor == "mysql":
@@ -120,10 +121,7 @@ class OrmStore(BaseStore):
         with transaction.atomic(using=self.using):
             if connection.vendor == "postgresql":
                 with connection.cursor() as cursor:
-                    cursor.execute(
-                        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                        [ADVISORY_LOCK_PREFIX + key],
-                    )
+                    cursor.execute(_LOCK_KEY_SQL, [key])
                 yield
                 return
             features = connection.features
@@ -341,31 +339,10 @@ class OrmStore(BaseStore):
         updated_before: datetime | None = None,
         **fields: Any,
     ) -> bool:
-        # Expressions (F(), Value()) are for the ORM to compile.
-        if self._fast() and not any(hasattr(v, "resolve_expression") for v in fields.values()):
-            if (
-                owner is not None
-                and lease_expired_before is None
-                and updated_before is None
-                and set(from_statuses) == {RunStatus.RUNNING}
-                and fields.keys() <= _HELD_FIELDS.keys()
-            ):
-                # A transition by the run's holder: one call of ``durable_transition_held``.
-                return self._transition_held(run_id, status, owner, fields)
-            sql, params = _transition_sql(
-                connections[self.using],
-                run_id,
-                from_statuses,
-                status,
-                owner,
-                lease_expired_before,
-                updated_before,
-                fields,
-                "SELECT count(*) FROM changed",
+        if self._fast() and _function_sets(fields):
+            return self._transition_on_postgresql(
+                run_id, from_statuses, status, owner, lease_expired_before, updated_before, fields
             )
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(sql, params)
-                return bool(cursor.fetchone()[0])
         rows = self._runs().filter(pk=run_id, status__in=list(from_statuses))
         if owner is not None:
             rows = rows.filter(lease_owner=owner)
@@ -385,21 +362,36 @@ class OrmStore(BaseStore):
         """``transition(run_id, [RUNNING], status, owner=owner, **fields)`` and, when it
         happens, ``record_step(run_id, step)``, in one transaction; on PostgreSQL one
         statement. The turn's last step is recorded with the transition ending the turn."""
-        if not self._fast() or not fields.keys() <= _HELD_FIELDS.keys():
+        if not self._fast() or not _function_sets(fields):
             return super().end_turn(run_id, owner, status, step, **fields)
-        return self._transition_held(run_id, status, owner, fields, step)
+        return self._transition_on_postgresql(
+            run_id, [RunStatus.RUNNING], status, owner, None, None, fields, step
+        )
 
-    def _transition_held(
+    def _transition_on_postgresql(
         self,
         run_id: str,
+        from_statuses: Collection[str],
         status: str,
-        owner: str,
+        owner: str | None,
+        lease_expired_before: datetime | None,
+        updated_before: datetime | None,
         fields: dict[str, Any],
         step: StepRecord | None = None,
     ) -> bool:
+        """One call of ``durable_transition_v1``, with ``step`` to record if given."""
         connection = connections[self.using]
-        params: list[Any] = [run_id, owner, str(status), timezone.now(), list(fields)]
-        for name in _HELD_FIELDS:
+        params: list[Any] = [
+            run_id,
+            [str(s) for s in from_statuses],
+            str(status),
+            timezone.now(),
+            owner,
+            lease_expired_before,
+            updated_before,
+            list(fields),
+        ]
+        for name in _TRANSITION_FIELDS:
             value = fields.get(name)
             if name in fields and name in _JSON_FIELDS:
                 value = Run._meta.get_field(name).get_db_prep_save(value, connection)
@@ -409,33 +401,29 @@ class OrmStore(BaseStore):
         else:
             params += [step.position, step.name, *_step_json(step, connection)]
         with connection.cursor() as cursor:
-            cursor.execute(_TRANSITION_HELD_SQL, params)
+            cursor.execute(_TRANSITION_SQL, params)
             return bool(cursor.fetchone()[0])
 
     def claim_run(self, run_id: str, **fields: Any) -> tuple[RunRecord, list[StepRecord]] | None:
         """Move a pending run to running with ``fields``; return it and its recorded steps,
         or ``None`` when it was not pending. ``transition``, ``get_run`` and ``get_steps``
-        in one; on PostgreSQL one statement, which is one round trip."""
-        if not self._fast():
+        in one; on PostgreSQL, for a worker's claim (``lease_owner``, ``lease_expires_at``,
+        ``started_at`` and ``wake_at=None``), one call of ``durable_claim_run_v1``."""
+        if not self._fast() or fields.keys() != _CLAIM_FIELDS or fields["wake_at"] is not None:
             return super().claim_run(run_id, **fields)
         connection = connections[self.using]
-        if fields.keys() == _CLAIM_FIELDS and fields["wake_at"] is None:
-            # The usual claim: one call of ``durable_claim_run``.
-            sql = _CLAIM_SQL
-            params = [
-                run_id,
-                fields["lease_owner"],
-                fields["lease_expires_at"],
-                fields["started_at"],
-                timezone.now(),
-                # Outside a transaction of the caller's, the claim's commit need not wait
-                # for the disk (migration 0007 says why that is safe).
-                not connection.in_atomic_block,
-            ]
-        else:
-            sql, params = self._claim_sql(connection, run_id, fields)
+        params = [
+            run_id,
+            fields["lease_owner"],
+            fields["lease_expires_at"],
+            fields["started_at"],
+            timezone.now(),
+            # Outside a transaction of the caller's, the claim's commit need not wait for
+            # the disk (functions.sql says why that is safe).
+            not connection.in_atomic_block,
+        ]
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(_CLAIM_SQL, params)
             row = cursor.fetchone()
         if row is None:
             return None
@@ -448,26 +436,6 @@ class OrmStore(BaseStore):
             StepRecord(position=position, name=name, result=result, error=error)
             for position, name, result, error in steps or ()
         ]
-
-    def _claim_sql(
-        self, connection: Any, run_id: str, fields: dict[str, Any]
-    ) -> tuple[str, list[Any]]:
-        columns = ", ".join(f"c.{column}" for column in _RUN_COLUMNS)
-        return _transition_sql(
-            connection,
-            run_id,
-            [RunStatus.PENDING],
-            RunStatus.RUNNING,
-            None,
-            None,
-            None,
-            fields,
-            f"SELECT {columns}, ARRAY(SELECT tag FROM tagged), ("
-            "SELECT json_agg(json_build_array(s.position, s.name, s.result, s.error) "
-            "ORDER BY s.position) FROM durable_step s WHERE s.run_id = c.id) "
-            "FROM changed c",
-            returning=", ".join(_RUN_COLUMNS),
-        )
 
     def due_runs(self, now: datetime, pending_before: datetime, limit: int) -> list[RunRecord]:
         due = (
@@ -492,14 +460,6 @@ class OrmStore(BaseStore):
                 name=step.name, result=step.result, error=step.error, created_at=timezone.now()
             )
             return
-        if self._fast():
-            connection = connections[self.using]
-            with connection.cursor() as cursor:
-                result, error = _step_json(step, connection)
-                cursor.execute(
-                    _STEP_SQL, [run_id, step.position, step.name, result, error, timezone.now()]
-                )
-            return
         steps.create(
             run_id=run_id,
             position=step.position,
@@ -513,37 +473,17 @@ class OrmStore(BaseStore):
     ) -> bool:
         """Record ``step`` only while ``owner`` holds the running run; False (and nothing
         recorded) when it does not. ``transition(run_id, [RUNNING], RUNNING, owner=owner)``
-        and ``record_step`` in one transaction; on PostgreSQL one statement."""
-        if not self._fast():
+        and ``record_step`` in one transaction; on PostgreSQL, unless it replaces a record,
+        one call of ``durable_record_held_step_v1``."""
+        if not self._fast() or replace:
             return super().record_held_step(run_id, step, owner, replace=replace)
         connection = connections[self.using]
         result, error = _step_json(step, connection)
-        if not replace:
-            # The usual record: one call of ``durable_record_held_step``.
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    _RECORD_HELD_SQL,
-                    [run_id, owner, step.position, step.name, result, error, timezone.now()],
-                )
-                return bool(cursor.fetchone()[0])
-        recorded = (
-            "recorded AS (UPDATE durable_step SET name = %s, result = %s, error = %s, "
-            'created_at = %s WHERE run_id IN (SELECT id FROM changed) AND "position" = %s)'
-        )
-        params = [step.name, result, error, timezone.now(), step.position]
-        sql, held_params = _transition_sql(
-            connection,
-            run_id,
-            [RunStatus.RUNNING],
-            RunStatus.RUNNING,
-            owner,
-            None,
-            None,
-            {},
-            f", {recorded} SELECT count(*) FROM changed",
-        )
         with connection.cursor() as cursor:
-            cursor.execute(sql, held_params + params)
+            cursor.execute(
+                _RECORD_HELD_SQL,
+                [run_id, owner, step.position, step.name, result, error, timezone.now()],
+            )
             return bool(cursor.fetchone()[0])
 
     def delete_run(self, run_id: str) -> None:
@@ -783,85 +723,30 @@ _RUN_COLUMNS = (
     "lease_expires_at",
 )
 
-#: The PostgreSQL functions of migrations 0006 and 0007, as the fast path calls them.
-_CLAIM_SQL = "SELECT * FROM durable_claim_run(%s, %s, %s, %s, %s, %s)"
-_RECORD_HELD_SQL = "SELECT durable_record_held_step(%s, %s, %s::integer, %s, %s, %s, %s)"
-_TRANSITION_HELD_SQL = (
-    "SELECT durable_transition_held("
-    "%s, %s, %s, %s, %s::text[], %s, %s, %s, %s, %s, %s, %s, %s, %s::integer, %s, %s, %s)"
-)
-#: The fields of a claim that ``durable_claim_run`` makes (``wake_at`` is cleared).
+#: The fields of a claim that ``durable_claim_run_v1`` makes (``wake_at`` is cleared).
 _CLAIM_FIELDS = frozenset({"lease_owner", "lease_expires_at", "started_at", "wake_at"})
-#: The fields ``durable_transition_held`` can set, in the order of its arguments.
-_HELD_FIELDS = dict.fromkeys(
-    [
-        "lease_owner",
-        "lease_expires_at",
-        "blocked_reason",
-        "output",
-        "error",
-        "finished_at",
-        "wait",
-        "wake_at",
-    ]
+#: The fields ``durable_transition_v1`` can set, in the order of its arguments.
+_TRANSITION_FIELDS = (
+    "lease_owner",
+    "lease_expires_at",
+    "blocked_reason",
+    "output",
+    "error",
+    "finished_at",
+    "wait",
+    "wake_at",
+    "attempt",
+    "started_at",
 )
 _JSON_FIELDS = frozenset({"output", "error", "wait"})
 
-_STEP_SQL = (
-    'INSERT INTO durable_step (run_id, "position", name, result, error, created_at) '
-    "VALUES (%s, %s, %s, %s, %s, %s)"
-)
 
-
-def _transition_sql(
-    connection: Any,
-    run_id: str,
-    from_statuses: Collection[str],
-    status: str,
-    owner: str | None,
-    lease_expired_before: datetime | None,
-    updated_before: datetime | None,
-    fields: dict[str, Any],
-    select: str,
-    *,
-    returning: str = "id",
-) -> tuple[str, list[Any]]:
-    """``OrmStore.transition`` as one PostgreSQL statement: the run's conditional update
-    (CTE ``changed``) and its tags' status (CTE ``tagged``, when the status changes),
-    followed by ``select``. One statement is atomic by itself, inside a transaction or not.
-    """
-    quote = connection.ops.quote_name
-    sets = ["status = %s", "updated_at = %s"]
-    params: list[Any] = [str(status), timezone.now()]
-    for name, value in fields.items():
-        field = Run._meta.get_field(name)
-        sets.append(f"{quote(field.column)} = %s")
-        params.append(field.get_db_prep_save(value, connection))
-    # ``status || ''`` keeps the status test out of the indexes' reach, so the run is
-    # always found through its primary key: with statistics taken while few runs were
-    # pending, the planner otherwise prefers an index on (status, ...) and reads the
-    # entry of every pending run to find this one.
-    where = ["id = %s", "status || '' = ANY(%s)"]
-    params += [run_id, [str(s) for s in from_statuses]]
-    for column, operator, value in (
-        ("lease_owner", "=", owner),
-        ("lease_expires_at", "<", lease_expired_before),
-        ("updated_at", "<", updated_before),
-    ):
-        if value is not None:
-            where.append(f"{column} {operator} %s")
-            params.append(value)
-    sql = (
-        f"WITH changed AS (UPDATE durable_run SET {', '.join(sets)} "
-        f"WHERE {' AND '.join(where)} RETURNING {returning})"
+def _function_sets(fields: dict[str, Any]) -> bool:
+    """Whether ``durable_transition_v1`` can set ``fields``: its columns, given as values
+    (expressions such as ``F()`` are for the ORM to compile)."""
+    return fields.keys() <= set(_TRANSITION_FIELDS) and not any(
+        hasattr(value, "resolve_expression") for value in fields.values()
     )
-    if set(from_statuses) != {status}:
-        sql += (
-            ", tagged AS (UPDATE durable_run_tag SET status = %s "
-            "WHERE run_id IN (SELECT id FROM changed) RETURNING tag)"
-        )
-        params.append(str(status))
-    return f"{sql} {select}", params
 
 
 def _step_json(step: StepRecord, connection: Any) -> tuple[Any, Any]:

@@ -1,0 +1,303 @@
+-- The PostgreSQL functions of durable_django's ORM store: the only copy of their code.
+--
+-- Migration 0002_postgresql_functions installs them, on PostgreSQL databases the database
+-- routers let durable_django migrate, with the operation
+-- durable_django.stores.postgres.operations.InstallFunctions. OrmStore calls them by name
+-- on its PostgreSQL fast path; other databases take the store's portable ORM path.
+--
+-- Versioned names. Every function's name ends with its version: _v1, _v2, ... Once
+-- released, a version never changes, not its arguments, its result, its settings nor its
+-- body. A change is a new version added to this file beside the old one, installed by a new
+-- migration (InstallFunctions naming it) and called by the store from then on. During a
+-- rolling deploy the workers of the previous release, which call the old version, keep
+-- working until they are replaced. An old version stays in this file, installed, until the
+-- migrations are squashed (a major release), when it leaves the file together with the
+-- migration that installed it.
+--
+-- The form, which durable_django.stores.postgres reads: nothing but comments and
+-- "CREATE OR REPLACE FUNCTION durable_<name>_v<N>(" statements, each with a dollar-quoted
+-- body whose last line is "$$;". No function sets anything beyond the transaction it runs
+-- in (set_config(..., true), or SET clauses, which end with the call): a connection pooler
+-- in transaction mode may hand the server connection to another client next.
+
+
+-- The transaction-scoped advisory lock that serialises the starts of quota key p_key:
+-- durable_start_run_v1 takes it, and so does the portable start path on PostgreSQL
+-- (OrmStore.quota_lock), so the two serialise against each other. Every version of the
+-- start must take this same lock, or starts of two releases would count at once.
+CREATE OR REPLACE FUNCTION durable_lock_quota_key_v1(p_key text) RETURNS void
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT pg_advisory_xact_lock(hashtextextended('durable_django:' || p_key, 0));
+$$;
+
+
+-- One start in one call: the key's lock, the existing-run check, the count of the key's
+-- runs in p_statuses (in p_read_namespace when given) against p_limit, and the inserts of
+-- the run and its tags. Returns one row: outcome 'created', 'exists' (with the existing
+-- run's workflow and namespace) or 'refused' (with the count).
+--
+-- PL/pgSQL takes a fresh snapshot for each statement of a volatile function at READ
+-- COMMITTED, so the count sees every run committed before the lock was granted.
+--
+-- The count is a UNION ALL of one branch per status, tag = K AND status = S: both columns
+-- are the search key of the index on (tag, status, namespace), so it reads only the key's
+-- runs in the counted statuses, never its finished history, whatever the planner's
+-- statistics say (with status = ANY(...) the planner reads every index entry of a key whose
+-- runs came after the last ANALYZE). One statement, so one snapshot. p_statuses holds at
+-- most the seven statuses, each once; the branches past its end compare with NULL and read
+-- nothing.
+--
+-- The statements are planned once per connection, and these settings make that safe:
+-- plan_cache_mode = force_generic_plan (one plan, kept until the tables' statistics
+-- change); enable_seqscan = off and max_parallel_workers_per_gather = 0 (a generic plan is
+-- made from estimates that may say "every row": under these the count searches the index);
+-- jit = off (an estimate of millions must not make PostgreSQL compile a count that reads a
+-- handful of index entries).
+CREATE OR REPLACE FUNCTION durable_start_run_v1(
+    p_id text,
+    p_check_existing boolean,
+    p_workflow text,
+    p_version text,
+    p_namespace text,
+    p_input jsonb,
+    p_tags text[],
+    p_queue text,
+    p_parent_id text,
+    p_attempt integer,
+    p_key text,
+    p_statuses text[],
+    p_limit integer,
+    p_read_namespace text
+) RETURNS TABLE(outcome text, active integer, found_workflow text, found_namespace text)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET max_parallel_workers_per_gather = 0
+SET jit = off
+AS $$
+DECLARE
+    v_active integer := 0;
+    v_now timestamptz := clock_timestamp();
+    v_tag text;
+BEGIN
+    IF p_key IS NOT NULL THEN
+        PERFORM durable_lock_quota_key_v1(p_key);
+    END IF;
+    IF p_check_existing THEN
+        RETURN QUERY SELECT 'exists'::text, 0, r.workflow::text, r.namespace::text
+            FROM durable_run r WHERE r.id = p_id;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    IF p_key IS NOT NULL THEN
+        IF cardinality(p_statuses) > 7 THEN
+            RAISE EXCEPTION 'durable_start_run_v1 counts at most 7 distinct statuses';
+        END IF;
+        v_tag := 'concurrency:' || p_key;
+        SELECT count(*) INTO v_active FROM (
+            SELECT 1 FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[1]
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+            UNION ALL
+            SELECT 1 FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[2]
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+            UNION ALL
+            SELECT 1 FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[3]
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+            UNION ALL
+            SELECT 1 FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[4]
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+            UNION ALL
+            SELECT 1 FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[5]
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+            UNION ALL
+            SELECT 1 FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[6]
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+            UNION ALL
+            SELECT 1 FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[7]
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+        ) AS counted;
+        IF v_active >= p_limit THEN
+            RETURN QUERY SELECT 'refused'::text, v_active, NULL::text, NULL::text;
+            RETURN;
+        END IF;
+    END IF;
+    INSERT INTO durable_run (
+        id, workflow, version, namespace, status, queue, input, output, error,
+        parent_id, blocked_reason, attempt, created_at, updated_at, started_at, finished_at
+    ) VALUES (
+        p_id, p_workflow, p_version, p_namespace, 'pending', p_queue, p_input, NULL, NULL,
+        p_parent_id, '', p_attempt, v_now, v_now, NULL, NULL
+    ) ON CONFLICT (id) DO NOTHING;
+    IF NOT FOUND THEN
+        -- A concurrent start inserted this id first; it has committed by now.
+        RETURN QUERY SELECT 'exists'::text, 0, r.workflow::text, r.namespace::text
+            FROM durable_run r WHERE r.id = p_id;
+        RETURN;
+    END IF;
+    INSERT INTO durable_run_tag (run_id, tag, status, namespace)
+        SELECT p_id, tag, 'pending', p_namespace FROM unnest(p_tags) AS tag;
+    RETURN QUERY SELECT 'created'::text, v_active, p_workflow, p_namespace;
+END
+$$;
+
+
+-- A worker's claim: a pending run to running with its lease, its tags' status with it;
+-- returns the run, its tags and its recorded steps (no row: the run was not pending).
+--
+-- With p_async_commit (the caller is not inside a transaction of its own) the claim's
+-- commit does not wait for the WAL flush. Nothing that depends on a claim can be made
+-- durable before it: every later write of the turn, and any other transaction acting on
+-- the claimed run, commits behind it in the WAL, and that commit flushes the claim too. A
+-- server crash can lose only a claim nothing durable followed, which leaves the run
+-- pending, as if its worker had died before its first record; the tick sends it again.
+--
+-- The run is found by primary key: the status is tested as status || '', which no index
+-- answers (with statistics taken while few runs were pending, the planner would otherwise
+-- read the entry of every pending run in an index on (status, ...) to find this one).
+CREATE OR REPLACE FUNCTION durable_claim_run_v1(
+    p_id text,
+    p_lease_owner text,
+    p_lease_expires_at timestamptz,
+    p_started_at timestamptz,
+    p_now timestamptz,
+    p_async_commit boolean
+) RETURNS TABLE(
+    r_id text, r_workflow text, r_version text, r_namespace text, r_status text,
+    r_input jsonb, r_output jsonb, r_error jsonb, r_queue text, r_parent_id text,
+    r_blocked_reason text, r_attempt integer, r_created_at timestamptz,
+    r_updated_at timestamptz, r_started_at timestamptz, r_finished_at timestamptz,
+    r_wake_at timestamptz, r_wait jsonb, r_lease_owner text, r_lease_expires_at timestamptz,
+    r_tags text[], r_steps json
+)
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF p_async_commit THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    RETURN QUERY
+    WITH changed AS (
+        UPDATE durable_run SET status = 'running', updated_at = p_now,
+            lease_owner = p_lease_owner, lease_expires_at = p_lease_expires_at,
+            started_at = p_started_at, wake_at = NULL
+        WHERE id = p_id AND status || '' = 'pending'
+        RETURNING *
+    ), tagged AS (
+        UPDATE durable_run_tag SET status = 'running'
+        WHERE run_id IN (SELECT c.id FROM changed c) RETURNING tag
+    )
+    SELECT c.id::text, c.workflow::text, c.version::text, c.namespace::text,
+        c.status::text, c.input, c.output, c.error, c.queue::text, c.parent_id::text,
+        c.blocked_reason, c.attempt, c.created_at, c.updated_at, c.started_at,
+        c.finished_at, c.wake_at, c.wait, c.lease_owner::text, c.lease_expires_at,
+        ARRAY(SELECT t.tag::text FROM tagged t),
+        (SELECT json_agg(json_build_array(s."position", s.name, s.result, s.error)
+                ORDER BY s."position")
+         FROM durable_step s WHERE s.run_id = c.id)
+    FROM changed c;
+END
+$$;
+
+
+-- A step's record, made only while p_owner holds the running run; false (and nothing
+-- recorded) when it does not. The check takes a share lock on the run's row rather than
+-- updating it: a cancel or a hand-on, which update the row, wait for the record (or make
+-- it find the run no longer held), and no step writes a new version of the run's row.
+CREATE OR REPLACE FUNCTION durable_record_held_step_v1(
+    p_id text,
+    p_owner text,
+    p_position integer,
+    p_name text,
+    p_result jsonb,
+    p_error jsonb,
+    p_now timestamptz
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    PERFORM 1 FROM durable_run
+    WHERE id = p_id AND status || '' = 'running' AND lease_owner = p_owner
+    FOR SHARE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO durable_step (run_id, "position", name, result, error, created_at)
+    VALUES (p_id, p_position, p_name, p_result, p_error, p_now);
+    RETURN true;
+END
+$$;
+
+
+-- A run's transition: from one of p_from to p_status, only while the run is held by
+-- p_owner (when given), its lease expired before p_lease_expired_before (when given) and it
+-- was last updated before p_updated_before (when given); its tags' status with it when the
+-- status changes. False, and nothing changed, when the run is not in that state. The columns
+-- named in p_set take the matching arguments; the others keep their values. A step given
+-- (p_step_position not NULL) is recorded in the same statement: the turn's last record
+-- commits with the transition that ends the turn.
+--
+-- The run is found by primary key (status || '', as in durable_claim_run_v1): with one
+-- status in p_from the planner would otherwise read the entry of every run in that status
+-- in an index on (status, ...), a cost growing with the backlog.
+CREATE OR REPLACE FUNCTION durable_transition_v1(
+    p_id text,
+    p_from text[],
+    p_status text,
+    p_now timestamptz,
+    p_owner text,
+    p_lease_expired_before timestamptz,
+    p_updated_before timestamptz,
+    p_set text[],
+    p_lease_owner text,
+    p_lease_expires_at timestamptz,
+    p_blocked_reason text,
+    p_output jsonb,
+    p_error jsonb,
+    p_finished_at timestamptz,
+    p_wait jsonb,
+    p_wake_at timestamptz,
+    p_attempt integer,
+    p_started_at timestamptz,
+    p_step_position integer,
+    p_step_name text,
+    p_step_result jsonb,
+    p_step_error jsonb
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    UPDATE durable_run SET status = p_status, updated_at = p_now,
+        lease_owner = CASE WHEN 'lease_owner' = ANY(p_set)
+            THEN p_lease_owner ELSE lease_owner END,
+        lease_expires_at = CASE WHEN 'lease_expires_at' = ANY(p_set)
+            THEN p_lease_expires_at ELSE lease_expires_at END,
+        blocked_reason = CASE WHEN 'blocked_reason' = ANY(p_set)
+            THEN p_blocked_reason ELSE blocked_reason END,
+        output = CASE WHEN 'output' = ANY(p_set) THEN p_output ELSE output END,
+        error = CASE WHEN 'error' = ANY(p_set) THEN p_error ELSE error END,
+        finished_at = CASE WHEN 'finished_at' = ANY(p_set)
+            THEN p_finished_at ELSE finished_at END,
+        wait = CASE WHEN 'wait' = ANY(p_set) THEN p_wait ELSE wait END,
+        wake_at = CASE WHEN 'wake_at' = ANY(p_set) THEN p_wake_at ELSE wake_at END,
+        attempt = CASE WHEN 'attempt' = ANY(p_set) THEN p_attempt ELSE attempt END,
+        started_at = CASE WHEN 'started_at' = ANY(p_set)
+            THEN p_started_at ELSE started_at END
+    WHERE id = p_id AND status || '' = ANY(p_from)
+        AND (p_owner IS NULL OR lease_owner = p_owner)
+        AND (p_lease_expired_before IS NULL OR lease_expires_at < p_lease_expired_before)
+        AND (p_updated_before IS NULL OR updated_at < p_updated_before);
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF NOT p_from <@ ARRAY[p_status] THEN
+        UPDATE durable_run_tag SET status = p_status WHERE run_id = p_id;
+    END IF;
+    IF p_step_position IS NOT NULL THEN
+        INSERT INTO durable_step (run_id, "position", name, result, error, created_at)
+        VALUES (p_id, p_step_position, p_step_name, p_step_result, p_step_error, p_now);
+    END IF;
+    RETURN true;
+END
+$$;

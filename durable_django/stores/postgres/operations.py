@@ -1,0 +1,135 @@
+"""Migration operations made on PostgreSQL only, where the database routers allow them,
+as Django's ``django.contrib.postgres.operations.CreateExtension`` is.
+
+- :class:`InstallFunctions` installs functions of ``functions.sql`` (and drops them
+  backwards);
+- :class:`RemoveLikeIndexes` keeps out the ``varchar_pattern_ops`` indexes (``..._like``)
+  Django makes on PostgreSQL beside the index of a ``CharField``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import router
+from django.db.migrations.operations.base import Operation, OperationCategory
+
+from . import function_definitions
+
+
+class InstallFunctions(Operation):
+    """Install the functions ``names`` of ``functions.sql`` on a PostgreSQL database where
+    the routers let the app migrate (``router.allow_migrate(alias, app_label, **hints)``);
+    backwards, drop them. Other databases get nothing.
+
+    A migration names the functions it installs: a later one adding a new version of a
+    function installs that version alone, and its reverse drops that version alone.
+    """
+
+    reversible = True
+    category = OperationCategory.ADDITION
+
+    def __init__(self, names: Sequence[str], hints: dict[str, Any] | None = None) -> None:
+        unknown = sorted(set(names) - function_definitions().keys())
+        if unknown:
+            raise ValueError(f"InstallFunctions: functions.sql does not define {unknown}")
+        self.names = list(names)
+        self.hints = hints or {}
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        pass
+
+    def _allowed(self, app_label: str, schema_editor: Any) -> bool:
+        connection = schema_editor.connection
+        return connection.vendor == "postgresql" and bool(
+            router.allow_migrate(connection.alias, app_label, **self.hints)
+        )
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if self._allowed(app_label, schema_editor):
+            definitions = function_definitions()
+            for name in self.names:
+                # No parameters: the statement is sent as it is written, ``%`` included.
+                schema_editor.execute(definitions[name], params=None)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if self._allowed(app_label, schema_editor):
+            for name in reversed(self.names):
+                # A versioned name is never overloaded: it names one function.
+                schema_editor.execute(
+                    f"DROP FUNCTION IF EXISTS {schema_editor.quote_name(name)}", params=None
+                )
+
+    def describe(self) -> str:
+        return f"Install the PostgreSQL functions {', '.join(self.names)}"
+
+    @property
+    def migration_name_fragment(self) -> str:
+        return "postgresql_functions"
+
+
+class RemoveLikeIndexes(Operation):
+    """Keep out, on PostgreSQL, the ``varchar_pattern_ops`` index (``..._like``) Django
+    makes beside the index of each of ``fields`` of ``model_name``; backwards, make them.
+
+    They serve ``LIKE 'prefix%'`` queries only, and every write that changes the row's
+    indexed columns updates them. Placed after the model's creation in the same
+    migration, it removes them from the schema editor's deferred statements before they
+    are made; later, it drops them.
+    """
+
+    reversible = True
+    category = OperationCategory.REMOVAL
+
+    def __init__(self, model_name: str, fields: Sequence[str]) -> None:
+        self.model_name = model_name
+        self.fields = list(fields)
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        pass
+
+    def _fields(self, app_label: str, schema_editor: Any, state: Any) -> list[tuple[Any, Any]]:
+        """``(model, field)`` of each field, or nothing where the operation is not made."""
+        model = state.apps.get_model(app_label, self.model_name)
+        connection = schema_editor.connection
+        if connection.vendor != "postgresql" or not self.allow_migrate_model(
+            connection.alias, model
+        ):
+            return []
+        return [(model, model._meta.get_field(name)) for name in self.fields]
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        for model, field in self._fields(app_label, schema_editor, to_state):
+            statement = schema_editor._create_like_index_sql(model, field)
+            if statement is None:
+                continue
+            made = str(statement)
+            schema_editor.deferred_sql = [
+                deferred for deferred in schema_editor.deferred_sql if str(deferred) != made
+            ]
+            name = schema_editor._create_index_name(
+                model._meta.db_table, [field.column], suffix="_like"
+            )
+            schema_editor.execute(schema_editor._delete_index_sql(model, name))
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        for model, field in self._fields(app_label, schema_editor, from_state):
+            statement = schema_editor._create_like_index_sql(model, field)
+            if statement is not None:
+                schema_editor.execute(statement)
+
+    def describe(self) -> str:
+        return f"Remove the LIKE indexes of {self.model_name}.{', '.join(self.fields)}"
+
+    @property
+    def migration_name_fragment(self) -> str:
+        return f"remove_{self.model_name.lower()}_like_indexes"

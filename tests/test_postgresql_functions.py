@@ -1,0 +1,158 @@
+"""The PostgreSQL functions: ``stores/postgres/functions.sql`` is what the database has,
+installed by an operation that only PostgreSQL databases the routers allow get."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.loader import MigrationLoader
+from django.test import override_settings
+
+from durable_django.stores.postgres import function_definitions, parse_functions
+from durable_django.stores.postgres.operations import InstallFunctions
+
+postgresql_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the functions are PostgreSQL's"
+)
+
+APP = "durable_django"
+FUNCTIONS_MIGRATION = (APP, "0002_postgresql_functions")
+
+
+def installed(schema: str) -> dict[str, str]:
+    """``{name: definition}`` of the ``durable_`` functions of ``schema``, as PostgreSQL
+    shows them (``pg_get_functiondef``), the schema's name taken out."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT p.proname, pg_get_functiondef(p.oid) FROM pg_proc p "
+            "JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = %s AND p.proname LIKE 'durable\\_%%'",
+            [schema],
+        )
+        return {
+            name: definition.replace(f"FUNCTION {schema}.", "FUNCTION ", 1)
+            for name, definition in cursor.fetchall()
+        }
+
+
+def current_schema() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_schema()")
+        return cursor.fetchone()[0]
+
+
+@postgresql_only
+@pytest.mark.django_db
+def test_the_database_has_exactly_the_functions_of_the_file():
+    schema = current_schema()
+    have = installed(schema)
+    # The file's statements, run in a schema of their own (the test's transaction, and
+    # the schema with it, is rolled back), as PostgreSQL shows them.
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE SCHEMA durable_file_check")
+        cursor.execute(f"SET LOCAL search_path TO durable_file_check, {schema}")
+        for definition in function_definitions().values():
+            cursor.execute(definition, None)
+    expected = installed("durable_file_check")
+    assert sorted(expected) == sorted(function_definitions())
+    assert sorted(have) == sorted(expected)  # none missing, none the file does not define
+    for name, definition in expected.items():
+        assert have[name] == definition, name
+
+
+class RefuseDurable:
+    """A database router keeping durable_django off every database."""
+
+    def allow_migrate(self, db: str, app_label: str, **hints: object) -> bool | None:
+        return False if app_label == APP else None
+
+
+def migrate(target: tuple[str, str]) -> None:
+    MigrationExecutor(connection).migrate([target])
+
+
+@postgresql_only
+@pytest.mark.django_db
+def test_the_functions_migration_reverses_and_honours_the_routers():
+    names = sorted(function_definitions())
+    schema = current_schema()
+    assert sorted(installed(schema)) == names
+    # Everything below is rolled back with the test's transaction.
+    with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
+        migrate((APP, "0001_initial"))
+    assert sorted(installed(schema)) == names  # refused: not dropped
+    migrate(FUNCTIONS_MIGRATION)
+    migrate((APP, "0001_initial"))
+    assert installed(schema) == {}
+    with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
+        migrate(FUNCTIONS_MIGRATION)
+    assert installed(schema) == {}  # refused: not installed
+    migrate((APP, "0001_initial"))
+    migrate(FUNCTIONS_MIGRATION)
+    assert sorted(installed(schema)) == names
+
+
+@postgresql_only
+@pytest.mark.django_db
+def test_sqlmigrate_shows_the_functions():
+    out = io.StringIO()
+    call_command("sqlmigrate", *FUNCTIONS_MIGRATION, stdout=out)
+    for definition in function_definitions().values():
+        assert definition in out.getvalue()
+    out = io.StringIO()
+    call_command("sqlmigrate", *FUNCTIONS_MIGRATION, backwards=True, stdout=out)
+    for name in function_definitions():
+        assert f'DROP FUNCTION IF EXISTS "{name}";' in out.getvalue()
+
+
+@pytest.mark.skipif(connection.vendor == "postgresql", reason="other databases")
+@pytest.mark.django_db(transaction=True)  # SQLite's schema editor works outside one only
+def test_other_databases_get_no_function():
+    out = io.StringIO()
+    call_command("sqlmigrate", *FUNCTIONS_MIGRATION, stdout=out)
+    assert "FUNCTION" not in out.getvalue()
+
+
+def test_the_migrations_install_every_function_of_the_file_once():
+    loader = MigrationLoader(None)
+    names = [
+        name
+        for key in loader.graph.forwards_plan(loader.graph.leaf_nodes(APP)[0])
+        if key[0] == APP
+        for operation in loader.get_migration(*key).operations
+        if isinstance(operation, InstallFunctions)
+        for name in operation.names
+    ]
+    assert names == list(function_definitions())
+
+
+BODY = "AS $$\nBEGIN\nEND\n$$;"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (f"CREATE OR REPLACE FUNCTION durable_start_run() RETURNS void {BODY}", "versioned"),
+        (f"CREATE OR REPLACE FUNCTION durable_x_v1() {BODY}\n" * 2, "defined twice"),
+        (f"-- a comment\nCREATE OR REPLACE FUNCTION durable_x_v1() {BODY}\nDROP TABLE t;", "DROP"),
+    ],
+)
+def test_the_file_holds_versioned_functions_and_nothing_else(text: str, error: str):
+    with pytest.raises(ValueError, match=error):
+        parse_functions(text)
+
+
+def test_the_file_is_read_whole():
+    text = "-- one\n\nCREATE OR REPLACE FUNCTION durable_x_v2(p integer) RETURNS void AS $$\n$$;\n"
+    assert parse_functions(text) == {
+        "durable_x_v2": "CREATE OR REPLACE FUNCTION durable_x_v2(p integer) RETURNS void AS $$\n$$;"
+    }
+
+
+def test_an_operation_naming_a_function_the_file_does_not_define_is_refused():
+    with pytest.raises(ValueError, match="durable_nothing_v1"):
+        InstallFunctions(["durable_start_run_v1", "durable_nothing_v1"])
