@@ -121,7 +121,12 @@ class BaseStore(abc.ABC):
         status copy changes with it, at once. Returns whether the run changed.
 
         One atomic conditional update: of two concurrent transitions from the same
-        status, one succeeds."""
+        status, one succeeds.
+
+        A **holder's check** (from running to running, by ``owner``, with no field:
+        :func:`is_holders_check`) changes nothing, not even ``updated_at``: it says
+        whether ``owner`` still holds the run, and inside a transaction keeps a concurrent
+        cancel or hand-on out until it ends. A step's record is made under one."""
 
     @abc.abstractmethod
     def due_runs(self, now: datetime, pending_before: datetime, limit: int) -> list[RunRecord]:
@@ -376,6 +381,13 @@ class BaseStore(abc.ABC):
 #: The store contract's former name, when it was a ``Protocol``: an alias of
 #: :class:`BaseStore`.
 Store = BaseStore
+
+
+def is_holders_check(
+    from_statuses: Collection[str], status: str, owner: str | None, fields: dict[str, Any]
+) -> bool:
+    """Whether a transition is a holder's check (see :meth:`BaseStore.transition`)."""
+    return owner is not None and not fields and set(from_statuses) == {status} == {"running"}
 
 
 def quota_transaction(store: BaseStore, quota: Quota | None) -> AbstractContextManager[Any]:

@@ -255,6 +255,14 @@ class StoreContract:
         assert read(store, "run-1").status == RunStatus.RUNNING
         assert store.transition("run-1", [RunStatus.RUNNING], RunStatus.COMPLETED, owner="worker-1")
 
+    def test_a_holders_check_changes_nothing(self, store: BaseStore) -> None:
+        # From running to running, by its holder, with no field: it only says whether the
+        # owner holds the run, and leaves the run as it was, ``updated_at`` included.
+        before = make(store, "run-1", RunStatus.RUNNING, lease_owner="w")
+        assert store.transition("run-1", [RunStatus.RUNNING], RunStatus.RUNNING, owner="w")
+        assert not store.transition("run-1", [RunStatus.RUNNING], RunStatus.RUNNING, owner="v")
+        assert read(store, "run-1") == before
+
     def test_a_transition_checks_the_lease_and_the_last_change(self, store: BaseStore) -> None:
         now = timezone.now()
         make(store, "held", RunStatus.RUNNING, lease_owner="w", lease_expires_at=now)
@@ -508,14 +516,15 @@ class StoreContract:
         assert store.claim_run("no-such-run", **claim, wake_at=None) is None
 
     def test_a_held_step_is_recorded_for_the_holder_only(self, store: BaseStore) -> None:
-        make(store, "run-1", RunStatus.RUNNING, lease_owner="w")
+        held = make(store, "run-1", RunStatus.RUNNING, lease_owner="w")
         make(store, "pending", lease_owner="w")
         assert store.record_held_step("run-1", StepRecord(0, "a", result=1), "w")
         assert not store.record_held_step("run-1", StepRecord(1, "b", result=2), "v")
         assert not store.record_held_step("pending", StepRecord(0, "c", result=3), "w")
         assert store.get_steps("run-1") == [StepRecord(0, "a", result=1)]
         assert store.get_steps("pending") == []
-        assert read(store, "run-1").status == RunStatus.RUNNING
+        # A record leaves the run's row as it was, ``updated_at`` included.
+        assert read(store, "run-1") == held
         retried = StepRecord(0, "a", result="again")
         assert store.record_held_step("run-1", retried, "w", replace=True)
         assert store.get_steps("run-1") == [retried]

@@ -14,7 +14,7 @@ from django.utils import timezone
 from ..concurrency import TAG_PREFIX
 from ..records import NewRun, RunRecord, StepRecord
 from ..status import RunStatus
-from .base import BaseStore
+from .base import BaseStore, is_holders_check
 
 
 class MemoryStore(BaseStore):
@@ -119,9 +119,10 @@ class MemoryStore(BaseStore):
                 )
             ):
                 return False
-            self._runs[run_id] = dataclasses.replace(
-                run, status=status, updated_at=timezone.now(), **fields
-            )
+            if not is_holders_check(from_statuses, status, owner, fields):
+                self._runs[run_id] = dataclasses.replace(
+                    run, status=status, updated_at=timezone.now(), **fields
+                )
             return True
 
     def due_runs(self, now: datetime, pending_before: datetime, limit: int) -> list[RunRecord]:

@@ -45,7 +45,7 @@ from ..models import QuotaLock, Run, RunTag, Signal, Step
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..retention import active_ancestors
 from ..status import TERMINAL_STATUSES, RunStatus
-from .base import BaseStore, existing_outcome
+from .base import BaseStore, existing_outcome, is_holders_check
 from .database_checks import collation_errors, database_warnings
 
 #: The calls of the functions of ``stores/postgres/functions.sql``.
@@ -339,6 +339,11 @@ class OrmStore(BaseStore):
         updated_before: datetime | None = None,
         **fields: Any,
     ) -> bool:
+        if is_holders_check(from_statuses, status, owner, fields):
+            # Lock the run's row, change nothing (``updated_at`` included).
+            held = self._runs().filter(pk=run_id, status=status, lease_owner=owner)
+            with transaction.atomic(using=self.using, savepoint=False):
+                return held.select_for_update().exists()
         if self._fast() and _function_sets(fields):
             return self._transition_on_postgresql(
                 run_id, from_statuses, status, owner, lease_expired_before, updated_before, fields
