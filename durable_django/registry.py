@@ -33,7 +33,7 @@ class WorkflowDefinition:
     @property
     def body_path(self) -> str:
         """Where the body is defined, to tell a re-import from a different body."""
-        body = getattr(self.body, "__durable_source__", self.body)
+        body = self.body
         return f"{getattr(body, '__module__', '?')}.{getattr(body, '__qualname__', repr(body))}"
 
 
