@@ -32,10 +32,11 @@ from .retention import PurgeResult, purge
 from .serialization import check_text, json_copy, validate_text
 from .signals import run_finished
 from .signals import send as send_signal
-from .starting import RunHandle, WorkflowRef
+from .starting import RunHandle as RunHandle  # importable from here too, as before
+from .starting import WorkflowRef
 from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES, RunStatus
 from .stores.base import BaseStore, RunRecord
-from .tick import TickResult as TickResult  # documented as durable_django.engines.TickResult
+from .tick import TickResult as TickResult  # importable from here, as documented
 from .tick import tick
 from .usage import QuotaUsage, quota_usage
 
