@@ -2,7 +2,7 @@
 
 from .concurrency import DEFAULT_CONCURRENCY_STATUSES, Concurrency
 from .declaration import BaseWorkflow, Workflow, workflow
-from .engines import Engine, RunHandle
+from .engines import Engine
 from .engines import default_engine as engine
 from .errors import (
     ChildWorkflowError,
@@ -18,6 +18,7 @@ from .errors import (
     WorkflowNotFound,
 )
 from .execution import Context
+from .starting import RunHandle
 from .status import RunStatus
 
 __all__ = [

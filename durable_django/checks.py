@@ -4,8 +4,8 @@ quotas that make sense."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core import checks
@@ -16,10 +16,18 @@ from .engines import default_engine
 from .models import Schedule
 from .registry import default_registry
 
+if TYPE_CHECKING:
+    from celery import Celery
+    from django.apps import AppConfig
+
+    from .registry import WorkflowDefinition
+
 
 @checks.register(checks.Tags.compatibility, checks.Tags.database)
 def check_store(
-    app_configs: Any = None, databases: Any = None, **kwargs: Any
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
 ) -> list[checks.CheckMessage]:
     """The default engine's store's own checks (``BaseStore.check``), as Django's task
     checks ask each backend. ``OrmStore``'s are about its database: its settings always
@@ -33,7 +41,9 @@ def check_store(
 
 
 @checks.register()
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     """Refuse a ``DURABLE`` setting with unknown keys or an unloadable store."""
     try:
         durable_settings()
@@ -49,7 +59,9 @@ CELERY_DEFAULT_BROKER = "amqp://guest@localhost//"
 
 
 @checks.register()
-def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_celery(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     """Warn when starts would send runs to Celery without a project app or a broker.
 
     It looks at the Celery app current in this process (``celery.current_app``), the one
@@ -61,7 +73,7 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     return [] if app is None else celery_warnings(app)
 
 
-def _sending_celery_app() -> Any:
+def _sending_celery_app() -> Celery | None:
     """The Celery app runs are sent through, or ``None`` when the default engine sends
     nothing (``ENQUEUE`` off, a store workers do not share, or settings that do not load:
     ``check_settings`` reports those)."""
@@ -72,16 +84,23 @@ def _sending_celery_app() -> Any:
             return None
     except (ImproperlyConfigured, TypeError, ValueError):
         return None
-    from celery import current_app
+    from celery.app import app_or_default
 
-    return current_app._get_current_object()
+    return app_or_default()
 
 
-def celery_warnings(app: Any) -> list[checks.CheckMessage]:
+def _is_fallback_app(app: Celery) -> bool:
+    """Whether ``app`` is Celery's own fallback, made when no app was created in this
+    process: named ``default``, without the fix-ups (Django's among them) of an app."""
+    # celery-types does not declare ``fixups``, which Celery.__init__ sets on every app.
+    return app.main == "default" and not app.fixups  # type: ignore[attr-defined]
+
+
+def celery_warnings(app: Celery) -> list[checks.CheckMessage]:
     """The messages :func:`check_celery` gives for a Celery app, with the settings."""
-    # Celery's own fallback, made when no app was created in this process: it reads
-    # nothing from the Django settings and sends to a local RabbitMQ.
-    if app.main == "default" and not app.fixups:
+    # Celery's own fallback reads nothing from the Django settings and sends to a local
+    # RabbitMQ.
+    if _is_fallback_app(app):
         return [
             checks.Warning(
                 "no Celery app is loaded in this process: runs would be sent to Celery's "
@@ -136,22 +155,24 @@ def celery_warnings(app: Any) -> list[checks.CheckMessage]:
 
 
 @checks.register()
-def check_broker(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_broker(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     """Refuse a broker whose kombu transport cannot be loaded in this process: its workers
     and beat would crash at start while the web process kept accepting runs."""
     app = _sending_celery_app()
     return [] if app is None else broker_errors(app)
 
 
-def broker_errors(app: Any) -> list[checks.CheckMessage]:
+def broker_errors(app: Celery) -> list[checks.CheckMessage]:
     """The messages :func:`check_broker` gives for a Celery app.
 
     It loads the transport of the app's broker URL as a worker does: kombu imports the
     transport's module, and its client library there or when the transport is made. It
     connects to nothing.
     """
-    if app.main == "default" and not app.fixups:
-        return []  # check_celery reports Celery's fallback app
+    if _is_fallback_app(app):
+        return []  # check_celery reports it
     try:
         url = app.conf.broker_write_url or app.conf.broker_url or CELERY_DEFAULT_BROKER
         transport = app.conf.broker_transport or _transport_name(url)
@@ -198,13 +219,15 @@ def _transport_name(url: str) -> str:
 
 
 @checks.register()
-def check_workflows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_workflows(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     """Warn about declared quotas that cannot be what was meant: a limit that refuses
     every start. (Finished statuses in ``count_statuses`` are refused when declared.)"""
     return quota_warnings(default_registry.all())
 
 
-def quota_warnings(definitions: Iterable[Any]) -> list[checks.CheckMessage]:
+def quota_warnings(definitions: Iterable[WorkflowDefinition]) -> list[checks.CheckMessage]:
     """The messages :func:`check_workflows` gives for workflow definitions.
 
     A limit given as a function is not called here (it takes a key, known only at start).
@@ -233,7 +256,9 @@ def quota_warnings(definitions: Iterable[Any]) -> list[checks.CheckMessage]:
 
 @checks.register(checks.Tags.database)
 def check_schedules(
-    app_configs: Any = None, databases: Any = None, **kwargs: Any
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
 ) -> list[checks.CheckMessage]:
     """Warn about schedules whose workflow is not registered (``check --database``, and
     ``migrate``): each of their windows would be skipped with an error."""

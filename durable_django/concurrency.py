@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 from asgiref.sync import async_to_sync, sync_to_async
 
@@ -25,6 +25,8 @@ DEFAULT_CONCURRENCY_STATUSES: tuple[str, ...] = ACTIVE_STATUSES
 KeyFunction = Callable[[Any], str | None]
 LimitFunction = Callable[[str], int | Awaitable[int]]
 ConcurrencyOption = Union["Concurrency", Mapping[str, Any], None]
+
+_T = TypeVar("_T")
 
 _OPTION_NAMES = frozenset({"key", "limit", "count_statuses"})
 
@@ -225,9 +227,9 @@ def _check_limit(limit: object, workflow: str, key: str) -> int:
     return _check_range(limit, f"workflow {workflow!r}: the concurrency limit for key {key!r}")
 
 
-def _call_limit(concurrency: Concurrency, key: str, workflow: str) -> Any:
+def _call_limit(function: LimitFunction, key: str, workflow: str) -> int | Awaitable[int]:
     try:
-        return concurrency.limit(key)  # type: ignore[operator]
+        return function(key)
     except Exception as error:
         raise ValueError(
             f"workflow {workflow!r}: the concurrency limit function raised "
@@ -235,16 +237,17 @@ def _call_limit(concurrency: Concurrency, key: str, workflow: str) -> Any:
         ) from error
 
 
-async def _awaited(awaitable: Awaitable[Any]) -> Any:
+async def _awaited(awaitable: Awaitable[_T]) -> _T:
     return await awaitable
 
 
 def limit_for(concurrency: Concurrency, key: str, workflow: str) -> int:
     """The limit for ``key``: the int, or the limit function's answer (an async one is
     run through ``async_to_sync``). A bad answer raises naming the workflow and key."""
-    limit: Any = concurrency.limit
-    if callable(limit):
-        limit = _call_limit(concurrency, key, workflow)
+    function = concurrency.limit
+    limit: object = function
+    if callable(function):
+        limit = _call_limit(function, key, workflow)
         if inspect.isawaitable(limit):
             limit = async_to_sync(_awaited)(limit)
     return _check_limit(limit, workflow, key)
@@ -267,12 +270,13 @@ async def aresolve(concurrency: Concurrency | None, input: Any, workflow: str) -
     key = _resolve_key(concurrency, input, workflow)
     if key is None:
         return None
-    limit: Any = concurrency.limit
-    if callable(limit):
-        if inspect.iscoroutinefunction(limit):
-            limit = _call_limit(concurrency, key, workflow)
+    function = concurrency.limit
+    limit: object = function
+    if callable(function):
+        if inspect.iscoroutinefunction(function):
+            limit = _call_limit(function, key, workflow)
         else:  # a sync limit function may query the database: keep it off the event loop
-            limit = await sync_to_async(_call_limit)(concurrency, key, workflow)
+            limit = await sync_to_async(_call_limit)(function, key, workflow)
         if inspect.isawaitable(limit):
             limit = await limit
     return Quota(key, _check_limit(limit, workflow, key), concurrency.count_statuses)

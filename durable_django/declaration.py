@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar, overload
 
 from .concurrency import ConcurrencyOption
 from .engines import Engine, default_engine
@@ -231,8 +231,23 @@ def _class_body(cls: type[BaseWorkflow]) -> Callable[[Context, Any], Any]:
     def body(ctx: Context, input: Any) -> Any:
         return cls().run(ctx, input)
 
-    body.__durable_source__ = cls  # type: ignore[attr-defined]
+    # Named after the class: the registry tells a re-import from another body by name.
+    body.__module__, body.__qualname__ = cls.__module__, cls.__qualname__
     return body
+
+
+_WorkflowClass = TypeVar("_WorkflowClass", bound=type[BaseWorkflow])
+
+
+class WorkflowDecorator(Protocol):
+    """What :func:`workflow` returns: it returns a ``BaseWorkflow`` subclass as it is (with
+    its start methods) and a body function ``fn(ctx, input)`` as a :class:`Workflow`."""
+
+    @overload
+    def __call__(self, target: _WorkflowClass, /) -> _WorkflowClass: ...
+
+    @overload
+    def __call__(self, target: Callable[[Context, Any], Any], /) -> Workflow: ...
 
 
 def workflow(
@@ -244,7 +259,7 @@ def workflow(
     on_event: Iterable[str] = (),
     schedule: Any = None,
     engine: Engine | None = None,
-) -> Callable[[Any], Any]:
+) -> WorkflowDecorator:
     """Declare a workflow: a ``BaseWorkflow`` subclass or a function ``fn(ctx, input)``.
 
     ``name`` defaults to the target's dotted path; ``concurrency`` takes a
@@ -277,6 +292,8 @@ def workflow(
         if is_class:
             target.durable = declared
             return target
+        # typeshed has update_wrapper take callables only; it copies the function's name,
+        # docstring and module onto any object with a __dict__.
         functools.update_wrapper(declared, target)  # type: ignore[arg-type]
         return declared
 

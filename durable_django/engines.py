@@ -32,10 +32,12 @@ from .retention import PurgeResult, purge
 from .serialization import check_text, json_copy, validate_text
 from .signals import run_finished
 from .signals import send as send_signal
-from .starting import RunHandle, WorkflowRef
+from .starting import RunHandle as RunHandle  # importable from here too, as before
+from .starting import WorkflowRef
 from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES, RunStatus
 from .stores.base import BaseStore, RunRecord
-from .tick import TickResult, tick
+from .tick import TickResult as TickResult  # importable from here, as documented
+from .tick import tick
 from .usage import QuotaUsage, quota_usage
 
 
@@ -477,7 +479,10 @@ def send_run(run_id: str, queue: str) -> None:
     """Send the Celery message that makes a worker execute ``run_id`` (JSON, never pickle)."""
     from .tasks import execute_run
 
-    execute_run.apply_async((run_id,), queue=queue or None, serializer="json")
+    if queue:
+        execute_run.apply_async((run_id,), queue=queue, serializer="json")
+    else:  # the task's default routing
+        execute_run.apply_async((run_id,), serializer="json")
 
 
 #: The default engine, configured from ``settings.DURABLE`` on first use.

@@ -155,7 +155,7 @@ def _refusal_from(payload: dict[str, Any]) -> ConcurrencyLimitError:
 def _backoff_seconds(backoff: float | Callable[[int], float], attempt: int) -> float:
     if callable(backoff):
         return float(backoff(attempt))
-    return float(backoff) * (2 ** (attempt - 1))
+    return float(backoff) * 2.0 ** (attempt - 1)
 
 
 class Context:

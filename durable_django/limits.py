@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from django.db.models import Model
 
 MAX_JSON_DEPTH = 20
 """The deepest a JSON value may nest (a list in a list is two levels). MariaDB refuses
@@ -65,10 +69,17 @@ class TextLengths:
 @functools.cache
 def text_lengths() -> TextLengths:
     """The lengths, read from the models once (the app registry must be ready)."""
-    from .models import QuotaLock, Run, RunTag, Schedule, Signal, Step
+    from django.db.models import CharField
 
-    def column(model: type, *names: str) -> int:
-        return min(model._meta.get_field(name).max_length for name in names)  # type: ignore[attr-defined]
+    from .models import QuotaLock, Run, RunTag, Schedule, Signal, Step, model_field
+
+    def length(model: type[Model], name: str) -> int:
+        max_length = model_field(model, name, CharField).max_length
+        assert max_length is not None, f"{model.__name__}.{name} has no max_length"
+        return max_length
+
+    def column(model: type[Model], *names: str) -> int:
+        return min(length(model, name) for name in names)
 
     step_name = column(Step, "name")
     return TextLengths(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import connections, models
@@ -19,6 +19,17 @@ from .registry import default_registry
 from .serialization import json_copy, text_problem
 from .status import RunStatus
 from .windows import next_window, schedule_quota, validate_timing
+
+_Field = TypeVar("_Field", bound="models.Field[Any, Any]")
+
+
+def model_field(model: type[models.Model], name: str, kind: type[_Field]) -> _Field:
+    """``model``'s field ``name``, which is a ``kind`` (``_meta.get_field`` also finds the
+    relations pointing at the model)."""
+    field = model._meta.get_field(name)
+    if not isinstance(field, kind):
+        raise TypeError(f"{model.__name__}.{name} is not a {kind.__name__}")
+    return field
 
 
 class RunQuerySet(models.QuerySet["Run"]):
@@ -328,6 +339,7 @@ class Schedule(models.Model):
         try:
             validate_timing(self.cron, self.timezone, self.interval_seconds)
         except (TypeError, ValueError) as error:
+            field: str
             if bool(self.cron) == (self.interval_seconds is not None):
                 field = NON_FIELD_ERRORS
             elif "timezone" in str(error):
@@ -358,7 +370,7 @@ def column_errors(fields: Mapping[str, Any]) -> dict[str, str]:
     are read from the model's fields, and the ranges are the same on every database."""
     errors = {}
     for name, value in fields.items():
-        column = Schedule._meta.get_field(name)
+        column = model_field(Schedule, name, models.Field)
         label = column.verbose_name
         kind = column.get_internal_type()
         if value is None:

@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .concurrency import TAG_PREFIX, Concurrency, ConcurrencyOption, for_workflow
+from .concurrency import Concurrency, ConcurrencyOption, for_workflow
 from .errors import UnstorableValueError, WorkflowNotFound
-from .limits import text_lengths
+from .limits import TAG_PREFIX, text_lengths
 from .serialization import validate_text
 from .windows import ScheduleSpec
 
@@ -33,7 +33,7 @@ class WorkflowDefinition:
     @property
     def body_path(self) -> str:
         """Where the body is defined, to tell a re-import from a different body."""
-        body = getattr(self.body, "__durable_source__", self.body)
+        body = self.body
         return f"{getattr(body, '__module__', '?')}.{getattr(body, '__qualname__', repr(body))}"
 
 

@@ -171,8 +171,9 @@ def _key_problem(key: Any) -> str | None:
         )
     if isinstance(key, float) and not math.isfinite(key):
         return f"the key {key} is not JSON-serialisable (JSON has no NaN or infinities)"
-    problem = text_problem(key) if isinstance(key, str) else None
-    return None if problem is None else f"the key {_short(key)}: {problem}"
+    if isinstance(key, str) and (problem := text_problem(key)) is not None:
+        return f"the key {_short(key)}: {problem}"
+    return None
 
 
 def _short(text: str, length: int = 40) -> str:

@@ -57,7 +57,7 @@ class Ticker:
         ``interval`` if it is longer)."""
         if self.failures <= 1:
             return interval
-        return min(interval * 2 ** min(self.failures - 1, 32), max(interval, MAX_BACKOFF_SECONDS))
+        return min(interval * 2.0 ** min(self.failures - 1, 32), max(interval, MAX_BACKOFF_SECONDS))
 
     def _failed(self, error: Exception) -> None:
         self.failures += 1

@@ -127,7 +127,7 @@ def started_under(engine: Engine, workflow: str, concurrency: Concurrency, key: 
     if not runs:
         return True
     try:
-        return concurrency.key(runs[0].input) == key  # type: ignore[operator]
+        return callable(concurrency.key) and concurrency.key(runs[0].input) == key
     except Exception:  # the key function refuses this input: not started under it
         return False
 
@@ -140,12 +140,12 @@ def declared_limit(
     if from_schedules:
         return DeclaredLimit(min(from_schedules))
     declared = [found for name in workflows if (found := workflow_limit(engine, name, key))]
-    known = [found for found in declared if found.limit is not None]
+    known = [(found.limit, found.computed) for found in declared if found.limit is not None]
     error = next((found.error for found in declared if found.error is not None), None)
     if not known:
         return DeclaredLimit(error=error)
-    smallest = min(known, key=lambda found: found.limit)
-    return DeclaredLimit(smallest.limit, smallest.computed, error)
+    limit, computed = min(known, key=lambda pair: pair[0])
+    return DeclaredLimit(limit, computed, error)
 
 
 def quota_usage(engine: Engine, key: str | None = None) -> list[QuotaUsage]:

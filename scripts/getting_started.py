@@ -1,12 +1,13 @@
 """docs/getting-started.md as a program: what a new user does, from the guide's own text.
 
-Builds the wheel, installs it into a fresh virtualenv with the extras the guide names,
-runs ``django-admin startproject`` and ``startapp``, writes the files and settings lines
-the guide marks with ``<!-- getting-started: ... -->`` comments, migrates a PostgreSQL
-database of its own, starts ``runserver``, a Celery worker on Redis and beat (the tick),
-and checks what the guide promises: of 10 concurrent POSTs, exactly 3 are accepted and 7
-answered 429 with ``Retry-After``; the accepted runs complete; a new burst is admitted
-again; the guide's curl lines answer what it shows. Exits non-zero on any difference.
+Builds the wheel (and checks it carries the type marker ``py.typed``), installs it into a
+fresh virtualenv with the extras the guide names, runs ``django-admin startproject`` and
+``startapp``, writes the files and settings lines the guide marks with
+``<!-- getting-started: ... -->`` comments, migrates a PostgreSQL database of its own,
+starts ``runserver``, a Celery worker on Redis and beat (the tick), and checks what the
+guide promises: of 10 concurrent POSTs, exactly 3 are accepted and 7 answered 429 with
+``Retry-After``; the accepted runs complete; a new burst is admitted again; the guide's
+curl lines answer what it shows. Exits non-zero on any difference.
 
 Run it with any Python 3.11+: ``python scripts/getting_started.py``. It creates (and
 drops first) the database ``$DURABLE_GS_PG_NAME`` (default ``durable_getting_started``)
@@ -31,6 +32,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +85,8 @@ def run_the_guide(work: Path) -> None:
     step("building the wheel")
     run([sys.executable, "-m", "build", "--wheel", "--outdir", str(work / "dist"), str(ROOT)])
     [wheel] = (work / "dist").glob("*.whl")
+    if "durable_django/py.typed" not in zipfile.ZipFile(wheel).namelist():
+        raise Failed(f"{wheel.name} has no durable_django/py.typed: checkers would skip its types")
 
     extras = re.search(r'pip install -e "/path/to/durable_django\[([a-z,]+)\]"', guide)
     if extras is None:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import datetime
 import json
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote
+from django.db.models import Model
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
@@ -20,6 +21,15 @@ from django.utils.translation import ngettext
 from ..status import RunStatus
 from .tracebacks import traceback_block
 
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
+
+    # django-stubs makes an inline generic in its model and its parent's; Django's own
+    # class takes no subscript at runtime.
+    _TabularInline = admin.TabularInline[Model, Model]
+else:
+    _TabularInline = admin.TabularInline
+
 #: How many refused objects a message names before it says "and N more".
 NAMED_IN_MESSAGES = 10
 
@@ -28,7 +38,7 @@ SHORT_IDS_UP_TO = 12
 SHORT_ID_LENGTH = 8
 
 #: Badge colours per run status (background); the text is white.
-STATUS_COLOURS = {
+STATUS_COLOURS: dict[str, str] = {
     RunStatus.PENDING: "#6c757d",
     RunStatus.RUNNING: "#0d6efd",
     RunStatus.SUSPENDED: "#6f42c1",
@@ -58,7 +68,7 @@ def error_block(error: Any, folded: bool = False) -> str:
         return json_block(error)
     rest = {k: v for k, v in error.items() if k not in ("type", "message", "traceback")}
     summary = format_html("<strong>{}</strong>: {}", error.get("type", "?"), error.get("message"))
-    details = []
+    details: list[str] = []
     if error.get("traceback"):
         details.append(traceback_block(error["traceback"]))
     if rest:
@@ -112,12 +122,12 @@ def timestamp(value: datetime.datetime | None) -> str:
     )
 
 
-def timestamp_field(name: str, description: str) -> Callable[[Any, Any], str]:
+def timestamp_field(name: str, description: StrOrPromise) -> Callable[[object, object], str]:
     """A read-only column or field of a model admin showing the object's ``name`` time
     with :func:`timestamp`, sortable by it."""
 
     @admin.display(description=description, ordering=name)
-    def show(modeladmin: Any, obj: Any) -> str:
+    def show(modeladmin: object, obj: object) -> str:
         return timestamp(getattr(obj, name))
 
     return show
@@ -158,7 +168,7 @@ def named(items: list[str]) -> str:
 
 
 def report(
-    modeladmin: admin.ModelAdmin,
+    modeladmin: admin.ModelAdmin[Any],
     request: HttpRequest,
     done: int,
     singular: str,
@@ -180,7 +190,7 @@ def report(
         )
 
 
-class ReadOnlyInline(admin.TabularInline):
+class ReadOnlyInline(_TabularInline):
     """An inline that shows rows and never adds, changes or deletes them; visible to whoever
     may view the parent object."""
 
@@ -189,16 +199,16 @@ class ReadOnlyInline(admin.TabularInline):
     can_delete = False
     show_change_link = False
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_view_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         opts = self.parent_model._meta
         return request.user.has_perm(f"{opts.app_label}.view_{opts.model_name}") or (
             request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")

@@ -4,12 +4,12 @@ page), and the quota page."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
-from django.contrib.admin.utils import unquote
+from django.contrib.admin.utils import flatten_fieldsets, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -18,13 +18,14 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import conditional_escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
-from ..concurrency import DEFAULT_CONCURRENCY_STATUSES, TAG_PREFIX, quota_tag
+from ..concurrency import DEFAULT_CONCURRENCY_STATUSES, quota_tag
 from ..engines import default_engine
 from ..errors import ConcurrencyLimitError, DurableError
+from ..limits import TAG_PREFIX
 from ..models import Run, RunTag, Step
 from ..status import ACTIVE_STATUSES, RunStatus
 from ..stores.orm import OrmStore
@@ -41,6 +42,15 @@ from .display import (
     status_badge,
     timestamp_field,
 )
+
+if TYPE_CHECKING:
+    from ..usage import QuotaUsage
+
+    # django-stubs makes ModelAdmin generic in its model; Django's own class takes no
+    # subscript at runtime.
+    _ModelAdmin = admin.ModelAdmin[Run]
+else:
+    _ModelAdmin = admin.ModelAdmin
 
 #: What cancelling or retrying one run answers: ``None`` when done, else why not.
 Operation = Callable[[HttpRequest, Run], "str | None"]
@@ -60,8 +70,7 @@ class RunTagInline(ReadOnlyInline):
 
 class StepInline(ReadOnlyInline):
     model = Step
-    fields = ["position", "name", "outcome_display", "recorded_display"]
-    readonly_fields = fields
+    fields = readonly_fields = ("position", "name", "outcome_display", "recorded_display")
     ordering = ["position"]
     verbose_name_plural = _("recorded steps")
     classes = ["durable-inline", "durable-steps"]
@@ -85,8 +94,8 @@ class WorkflowFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         names = {definition.name for definition in default_engine.registry.all()}
-        if self.value():
-            names.add(self.value())
+        if selected := self.value():
+            names.add(selected)
         return [(name, name) for name in sorted(names)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> QuerySet[Run]:
@@ -114,7 +123,7 @@ class TagFilter(admin.SimpleListFilter):
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(_ModelAdmin):
     """Runs, read-only. *Cancel* and *retry* go through the engine; finished runs may be
     deleted (housekeeping), active ones never (cancel them first), nor runs below an
     active run (it may still read their outcomes). The quota page hangs
@@ -194,7 +203,7 @@ class RunAdmin(admin.ModelAdmin):
         ),
     ]
     # Everything shown is read-only: a run changes only through the engine.
-    readonly_fields = [name for _, options in fieldsets for name in options["fields"]]
+    readonly_fields = flatten_fieldsets(fieldsets)
 
     # reading ----------------------------------------------------------------------------
 
@@ -338,7 +347,7 @@ class RunAdmin(admin.ModelAdmin):
             return _("already %(status)s") % {"status": run.status}
         try:
             if not default_engine.cancel(run.pk):
-                return _("ended before it could be cancelled")
+                return gettext("ended before it could be cancelled")
         except DurableError as error:
             return str(error)
         self.log_change(request, run, "Cancelled.")
@@ -418,9 +427,9 @@ class RunAdmin(admin.ModelAdmin):
             return []
         shown = []
         if run.status in ACTIVE_STATUSES:
-            shown.append({"name": "cancel", "label": _("Cancel run")})
+            shown.append({"name": "cancel", "label": gettext("Cancel run")})
         if run.status == RunStatus.FAILED:
-            shown.append({"name": "retry", "label": _("Retry run")})
+            shown.append({"name": "retry", "label": gettext("Retry run")})
         return [
             {**button, "url": run_url(run.pk, self.admin_site.name, button["name"])}
             for button in shown
@@ -565,7 +574,7 @@ def refusal_text(error: ConcurrencyLimitError) -> str:
     }
 
 
-def quota_row(usage: Any, changelist_url: str) -> dict[str, Any]:
+def quota_row(usage: QuotaUsage, changelist_url: str) -> dict[str, Any]:
     """What the quota page shows for one :class:`~durable_django.usage.QuotaUsage`."""
     limit = usage.limit
     if limit is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -15,9 +15,16 @@ from ..models import Schedule
 from ..schedules import fire_now
 from .display import report, run_url
 
+if TYPE_CHECKING:
+    # django-stubs makes ModelAdmin generic in its model; Django's own class takes no
+    # subscript at runtime.
+    _ModelAdmin = admin.ModelAdmin[Schedule]
+else:
+    _ModelAdmin = admin.ModelAdmin
+
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(_ModelAdmin):
     """Schedules can be edited here; a schedule declared in code and then saved here stops
     following its declaration (its ``source`` becomes *admin*), and says so."""
 

@@ -28,9 +28,10 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..concurrency import TAG_PREFIX, Quota
+from ..concurrency import Quota
 from ..errors import ConcurrencyLimitError, DurableError
 from ..lifecycle import TERMINAL_STATUSES
+from ..limits import TAG_PREFIX
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..retention import active_ancestors
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from ..concurrency import TAG_PREFIX
+from ..limits import TAG_PREFIX
 from ..records import NewRun, RunRecord, StepRecord
 from ..status import RunStatus
 from .base import BaseStore, is_holders_check

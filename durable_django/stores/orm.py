@@ -35,13 +35,15 @@ from django.conf import settings
 from django.core.checks import CheckMessage
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
-from django.db.models import Count, Q
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Count, JSONField, Q, QuerySet
 from django.utils import timezone
 
-from ..concurrency import TAG_PREFIX, Quota
+from ..concurrency import Quota
 from ..db import connection_lost
 from ..errors import ConcurrencyLimitError, DurableError
-from ..models import QuotaLock, Run, RunTag, Signal, Step
+from ..limits import TAG_PREFIX
+from ..models import QuotaLock, Run, RunQuerySet, RunTag, Signal, Step, model_field
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..retention import active_ancestors
 from ..status import TERMINAL_STATUSES, RunStatus
@@ -220,7 +222,7 @@ class OrmStore(BaseStore):
     def _start_on_postgresql(
         self, run: NewRun, quota: Quota | None, check_existing: bool, read_namespace: str | None
     ) -> StartOutcome:
-        params = [
+        params = (
             run.run_id,
             check_existing,
             run.workflow,
@@ -235,7 +237,7 @@ class OrmStore(BaseStore):
             list(quota.count_statuses) if quota else None,
             quota.limit if quota else None,
             read_namespace,
-        ]
+        )
         with connections[self.using].cursor() as cursor:
             cursor.execute(_START_SQL, params)
             outcome, active, workflow, namespace = cursor.fetchone()
@@ -248,7 +250,7 @@ class OrmStore(BaseStore):
 
     # runs ---------------------------------------------------------------------------
 
-    def _runs(self) -> Any:
+    def _runs(self) -> RunQuerySet:
         return Run.objects.using(self.using)
 
     def _fast(self) -> bool:
@@ -399,7 +401,7 @@ class OrmStore(BaseStore):
         for name in _TRANSITION_FIELDS:
             value = fields.get(name)
             if name in fields and name in _JSON_FIELDS:
-                value = Run._meta.get_field(name).get_db_prep_save(value, connection)
+                value = model_field(Run, name, JSONField).get_db_prep_save(value, connection)
             params.append(value)
         if step is None:
             params += [None, None, None, None]
@@ -435,7 +437,8 @@ class OrmStore(BaseStore):
         *values, tags, steps = row
         run = dict(zip(_RUN_COLUMNS, values, strict=True))
         for name in ("input", "output", "error", "wait"):
-            run[name] = Run._meta.get_field(name).from_db_value(run[name], None, connection)
+            field = model_field(Run, name, JSONField)
+            run[name] = field.from_db_value(run[name], field.cached_col, connection)
         record = RunRecord(run_id=run.pop("id"), tags=sorted(tags), **run)
         return record, [
             StepRecord(position=position, name=name, result=result, error=error)
@@ -549,7 +552,11 @@ class OrmStore(BaseStore):
     def runs_waiting_on_signal(self, token: str) -> list[RunRecord]:
         rows = self._runs().filter(status=RunStatus.SUSPENDED, wait__signal=token)
         # MySQL/MariaDB compare the strings of a JSON column ignoring trailing spaces.
-        return [_record(row, tags=[]) for row in rows if row.wait.get("signal") == token]
+        return [
+            _record(row, tags=[])
+            for row in rows
+            if row.wait is not None and row.wait.get("signal") == token
+        ]
 
     # retention ----------------------------------------------------------------------
 
@@ -668,13 +675,13 @@ def is_deadlock(error: DatabaseError) -> bool:
     return bool(error.args) and error.args[0] == 1213  # MySQL/MariaDB's ER_LOCK_DEADLOCK
 
 
-def in_callers_transaction(connection: Any) -> bool:
+def in_callers_transaction(connection: BaseDatabaseWrapper) -> bool:
     """Whether a transaction of the caller's is open on ``connection``: an ``atomic()``
     block, or a connection without autocommit."""
     return connection.in_atomic_block or not connection.get_autocommit()
 
 
-def insert_lock_row(connection: Any, key: str) -> None:
+def insert_lock_row(connection: BaseDatabaseWrapper, key: str) -> None:
     """Insert, on a MySQL/MariaDB ``connection`` in autocommit, the lock row of quota
     ``key`` unless it exists.
 
@@ -696,7 +703,7 @@ def insert_lock_row(connection: Any, key: str) -> None:
         pass
 
 
-def _lock_inserted_row(rows: Any, key: str) -> None:
+def _lock_inserted_row(rows: QuerySet[QuotaLock], key: str) -> None:
     if not rows.update(last_start_at=timezone.now()):
         raise DurableError(
             f"quota key {key!r} has no lock row although one was just inserted: "
@@ -754,7 +761,7 @@ def _function_sets(fields: dict[str, Any]) -> bool:
     )
 
 
-def _step_json(step: StepRecord, connection: Any) -> tuple[Any, Any]:
+def _step_json(step: StepRecord, connection: BaseDatabaseWrapper) -> tuple[Any, Any]:
     """A step's result and error, as the database takes them."""
     return (
         Step._meta.get_field("result").get_db_prep_save(step.result, connection),

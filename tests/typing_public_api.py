@@ -1,0 +1,132 @@
+"""The public API as a project's type checker sees it. Never run: mypy checks it with the
+package (``files`` in ``[tool.mypy]``), so ``scripts/test`` and the pre-commit hook fail
+when a public name stops being typed as documented.
+
+Each misuse below is marked with the error mypy must report: with ``warn_unused_ignores``
+(part of ``strict``), a signature that stopped catching it leaves an unused ``ignore``,
+which fails the check.
+"""
+
+# The imports of documented names are the check: unused here, on purpose.
+# ruff: noqa: F401
+
+from __future__ import annotations
+
+from typing import Any, assert_type
+
+import durable_django
+from durable_django import (
+    BaseWorkflow,
+    Concurrency,
+    ConcurrencyLimitError,
+    Context,
+    Engine,
+    RunHandle,
+    RunStatus,
+    Workflow,
+    workflow,
+)
+
+# Every name the reference documents, imported from where it says: each must be exported
+# explicitly there (mypy --strict refuses a name a module merely imports).
+from durable_django.engines import RunHandle as EnginesRunHandle
+from durable_django.engines import TickResult
+from durable_django.events import PublishResult, event_run_id, publish
+from durable_django.execution import NonDeterminismError, SignalTimeout, StepError, Suspend
+from durable_django.http import (
+    ConcurrencyLimitMiddleware,
+    concurrency_limit_response,
+    run_status,
+    run_status_response,
+    run_status_view,
+    too_many_requests,
+)
+from durable_django.lifecycle import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES
+from durable_django.limits import (
+    MAX_JSON_BYTES,
+    MAX_JSON_DEPTH,
+    MAX_LIMIT,
+    MIN_LIMIT,
+    TextLengths,
+    text_lengths,
+)
+from durable_django.models import Schedule, ScheduleQuerySet, column_errors
+from durable_django.retention import PurgeResult, active_ancestors
+from durable_django.schedules import (
+    Firing,
+    ScheduleSpec,
+    belongs_to_one_schedule,
+    fire,
+    fire_due,
+    fire_now,
+    latest_window,
+    next_window,
+    sync_declared,
+    validate_timing,
+    window_run_id,
+)
+from durable_django.status import ACTIVE_STATUSES as STATUS_ACTIVE_STATUSES
+from durable_django.stores import (
+    BaseStore,
+    MemoryStore,
+    NewRun,
+    OrmStore,
+    RunRecord,
+    StartOutcome,
+    StepRecord,
+    Store,
+)
+from durable_django.stores.base import RunRecord as BaseRunRecord
+from durable_django.tasks import beat_schedule, execute_run, tick
+from durable_django.testing import StoreContract, run_until_idle
+from durable_django.ticker import Ticker
+from durable_django.usage import QuotaUsage, quota_usage
+
+
+@workflow(name="typing.total", concurrency={"key": lambda input: "k", "limit": 2})
+def total(ctx: Context, input: dict[str, int]) -> int:
+    assert_type(ctx.run_id, str)
+    return int(ctx.step("sum", sum, input.values(), retries=2))
+
+
+@workflow(name="typing.report", concurrency=Concurrency(key=lambda input: None, limit=1))
+class Report(BaseWorkflow):
+    def run(self, ctx: Context, input: Any) -> Any:
+        return ctx.child(total, {"a": 1}, concurrency={"key": "child", "limit": 1})
+
+
+def declared() -> None:
+    # A function becomes a Workflow; a class stays itself, with its start methods.
+    assert_type(total, Workflow)
+    assert_type(Report, type[Report])
+    assert_type(Report.durable, Workflow)
+
+
+def starts(engine: Engine) -> None:
+    assert_type(total.dispatch({"a": 1}, run_id="r1", tags=["t"]), RunHandle)
+    assert_type(Report.dispatch(None, concurrency=Concurrency("k", 3)), RunHandle)
+    assert_type(engine.start("typing.total", {"a": 1}, namespace="n"), RunHandle)
+    assert_type(durable_django.engine, Engine)
+    assert_type(engine.retry("r1"), RunHandle)
+    handle = total.dispatch()
+    assert_type(handle.status, str)
+    assert_type(handle.created, bool)
+    assert_type(RunStatus.PENDING in ACTIVE_STATUSES, bool)
+    try:
+        total.start({"a": 1}, timeout=5.0)
+    except ConcurrencyLimitError as error:
+        assert_type(error.limit, int)
+
+
+async def async_starts() -> None:
+    assert_type(await total.adispatch({"a": 1}, tags=["t"]), RunHandle)
+    assert_type(await Report.adispatch(None), RunHandle)
+
+
+def misuses(engine: Engine) -> None:
+    total.dispatch({"a": 1}, concurency={"key": "k", "limit": 1})  # type: ignore[call-arg]
+    Report.start(None, timout=5)  # type: ignore[call-arg]
+    engine.start("typing.total", {"a": 1}, queue="fast")  # type: ignore[call-arg]
+    total.dispatch({"a": 1}, run_id=1)  # type: ignore[arg-type]
+    Concurrency("k", limit="8")  # type: ignore[arg-type]
+    workflow(name="typing.none")(42)  # type: ignore[call-overload]
