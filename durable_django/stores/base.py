@@ -23,8 +23,9 @@ store runs against itself.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Collection
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -43,12 +44,25 @@ __all__ = [
     "NewRun",
     "RunRecord",
     "StartOutcome",
+    "StartRequest",
     "StepRecord",
     "Store",
+    "batch_index",
+    "check_batch_ids",
     "check_quota",
     "existing_outcome",
     "quota_transaction",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class StartRequest:
+    """One start of a batch (:meth:`BaseStore.start_runs`): the run to create, its quota
+    (``None``: unlimited), and whether a run already holding its id is looked for."""
+
+    run: NewRun
+    quota: Quota | None
+    check_existing: bool
 
 
 class BaseStore(abc.ABC):
@@ -229,6 +243,59 @@ class BaseStore(abc.ABC):
             self.create_run(run)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
 
+    def start_runs(
+        self, starts: Sequence[StartRequest], *, read_namespace: str | None
+    ) -> list[StartOutcome | ConcurrencyLimitError]:
+        """Start a batch in one transaction: for each of ``starts``, in order, what
+        :meth:`start_run` does, its refusal returned in its place instead of raised.
+
+        Returns one item per start: its :class:`StartOutcome`, or the
+        :class:`~durable_django.ConcurrencyLimitError` that refused it (it created
+        nothing). A later start sees what the earlier ones created: a run id given twice
+        is created by the first and found by the second (``created`` False), and a key's
+        count includes the batch's earlier runs. A run id held by another workflow or
+        namespace raises :class:`~durable_django.DurableError` naming its index, and the
+        batch creates nothing; so does one id given to starts of different workflows or
+        namespaces (``ValueError``, :func:`check_batch_ids`).
+
+        Every quota key of the batch is locked first, in sorted order (by code point),
+        before the first start: two batches sharing keys take them in the same order and
+        never wait on each other in a cycle. The locks are held until the transaction
+        ends."""
+        check_batch_ids(starts)
+        keys = sorted({start.quota.key for start in starts if start.quota is not None})
+        with self.atomic(), ExitStack() as locks:
+            for key in keys:
+                locks.enter_context(self.quota_lock(key))
+            # Every lookup first: an id held by another workflow or namespace is refused
+            # before anything is written, on a store whose transactions roll back or not.
+            existing: dict[str, StartOutcome] = {}
+            for index, start in enumerate(starts):
+                run = start.run
+                if start.check_existing and run.run_id not in existing:
+                    found = self.get_run(run.run_id)
+                    if found is not None:
+                        with batch_index(index):
+                            existing[run.run_id] = existing_outcome(
+                                run, found.workflow, found.namespace, read_namespace
+                            )
+            outcomes: list[StartOutcome | ConcurrencyLimitError] = []
+            for start in starts:
+                run, quota = start.run, start.quota
+                if start.check_existing and run.run_id in existing:
+                    outcomes.append(existing[run.run_id])
+                    continue
+                if quota is not None:
+                    try:
+                        check_quota(self, quota, run.workflow, read_namespace)
+                    except ConcurrencyLimitError as error:
+                        outcomes.append(error)
+                        continue
+                self.create_run(run)
+                existing[run.run_id] = StartOutcome(False, run.workflow, run.namespace)
+                outcomes.append(StartOutcome(True, run.workflow, run.namespace))
+            return outcomes
+
     def retry_run(self, run: RunRecord, quota: Quota | None, *, read_namespace: str | None) -> None:
         """A retry's part of the start path, in one transaction under ``quota``'s lock, as
         :meth:`start_run`'s: count the key's active runs
@@ -403,6 +470,33 @@ def check_quota(store: BaseStore, quota: Quota, workflow: str, read_namespace: s
     )
     if active >= quota.limit:
         raise ConcurrencyLimitError(workflow, quota.key, quota.limit, active)
+
+
+def check_batch_ids(starts: Sequence[StartRequest]) -> None:
+    """Refuse a batch giving one run id to starts of different workflows or namespaces
+    (``ValueError`` naming the index). The same id given twice for the same workflow and
+    namespace is allowed: the first start creates the run, the later ones find it."""
+    first: dict[str, NewRun] = {}
+    for index, start in enumerate(starts):
+        run = first.setdefault(start.run.run_id, start.run)
+        if (run.workflow, run.namespace) != (start.run.workflow, start.run.namespace):
+            raise ValueError(
+                f"inputs[{index}]: run id {run.run_id!r} is given to a start of workflow "
+                f"{run.workflow!r} in namespace {run.namespace!r} earlier in the batch"
+            )
+
+
+@contextmanager
+def batch_index(index: int) -> Iterator[None]:
+    """Name element ``index`` of a batch in the message of a ``DurableError``, ``TypeError``
+    or ``ValueError`` raised inside (``"inputs[3]: ..."``); the error keeps its type."""
+    try:
+        yield
+    except (DurableError, TypeError, ValueError) as error:
+        prefix = f"inputs[{index}]: "
+        if error.args and isinstance(error.args[0], str) and not error.args[0].startswith(prefix):
+            error.args = (prefix + error.args[0], *error.args[1:])
+        raise
 
 
 def existing_outcome(

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -47,7 +47,14 @@ from ..models import QuotaLock, Run, RunQuerySet, RunTag, Signal, Step, model_fi
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..retention import active_ancestors
 from ..status import TERMINAL_STATUSES, RunStatus
-from .base import BaseStore, existing_outcome, is_holders_check
+from .base import (
+    BaseStore,
+    StartRequest,
+    batch_index,
+    check_batch_ids,
+    existing_outcome,
+    is_holders_check,
+)
 from .database_checks import collation_errors, database_warnings
 
 #: The calls of the functions of ``stores/postgres/functions.sql``.
@@ -55,6 +62,10 @@ _LOCK_KEY_SQL = "SELECT durable_lock_quota_key_v1(%s)"
 _START_SQL = (
     "SELECT outcome, active, found_workflow, found_namespace FROM durable_start_run_v1("
     "%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s, %s, %s, %s::text[], %s, %s)"
+)
+_START_MANY_SQL = (
+    "SELECT position, outcome, active, found_workflow, found_namespace "
+    "FROM durable_start_runs_v1(%s::jsonb, %s)"
 )
 _CLAIM_SQL = "SELECT * FROM durable_claim_run_v1(%s, %s, %s, %s, %s, %s)"
 _RECORD_HELD_SQL = "SELECT durable_record_held_step_v1(%s, %s, %s::integer, %s, %s, %s, %s)"
@@ -247,6 +258,69 @@ class OrmStore(BaseStore):
         if outcome == "exists":
             return existing_outcome(run, workflow, namespace, read_namespace)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+
+    def start_runs(
+        self, starts: Sequence[StartRequest], *, read_namespace: str | None
+    ) -> list[StartOutcome | ConcurrencyLimitError]:
+        """A batch of starts in one transaction, as :meth:`BaseStore.start_runs` says: on
+        PostgreSQL one call of ``durable_start_runs_v1`` (one round trip), elsewhere the
+        portable path.
+
+        A batch the database chose as the victim of a deadlock is tried again, as a start
+        is (:meth:`start_run`); so is one that met a run id a concurrent start without a
+        quota inserted first, whose second attempt finds that run.
+        """
+        check_batch_ids(starts)
+        connection = connections[self.using]
+        attempt = 1
+        while True:
+            try:
+                if self._fast():
+                    return self._start_many_on_postgresql(starts, read_namespace)
+                return super().start_runs(starts, read_namespace=read_namespace)
+            except IntegrityError:
+                if attempt >= START_ATTEMPTS:
+                    raise
+            except OperationalError as error:
+                if not is_deadlock(error) or attempt >= START_ATTEMPTS:
+                    raise
+                if in_callers_transaction(connection):
+                    error.add_note(
+                        "A batch of starts was chosen as the victim of a deadlock: the "
+                        "database rolled back the whole transaction it ran in, the caller's. "
+                        "Run that transaction again from its beginning."
+                    )
+                    raise
+            attempt += 1
+
+    def _start_many_on_postgresql(
+        self, starts: Sequence[StartRequest], read_namespace: str | None
+    ) -> list[StartOutcome | ConcurrencyLimitError]:
+        batch = [_start_json(start) for start in starts]
+        with transaction.atomic(using=self.using):
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(
+                    _START_MANY_SQL, [json.dumps(batch, cls=DjangoJSONEncoder), read_namespace]
+                )
+                rows = cursor.fetchall()
+            assert [row[0] for row in rows] == list(range(1, len(starts) + 1))
+            outcomes: list[StartOutcome | ConcurrencyLimitError] = []
+            for index, (start, (_, outcome, active, workflow, namespace)) in enumerate(
+                zip(starts, rows, strict=True)
+            ):
+                run, quota = start.run, start.quota
+                if outcome == "refused":
+                    assert quota is not None
+                    outcomes.append(
+                        ConcurrencyLimitError(run.workflow, quota.key, quota.limit, active)
+                    )
+                elif outcome == "exists":
+                    # A clash raises here, inside the transaction: the batch is undone.
+                    with batch_index(index):
+                        outcomes.append(existing_outcome(run, workflow, namespace, read_namespace))
+                else:
+                    outcomes.append(StartOutcome(True, run.workflow, run.namespace))
+            return outcomes
 
     # runs ---------------------------------------------------------------------------
 
@@ -751,6 +825,28 @@ _TRANSITION_FIELDS = (
     "started_at",
 )
 _JSON_FIELDS = frozenset({"output", "error", "wait"})
+
+
+def _start_json(start: StartRequest) -> dict[str, Any]:
+    """One start of a batch as ``durable_start_runs_v1`` reads it: the arguments of
+    ``durable_start_run_v1``, those that are ``NULL`` left out."""
+    run, quota = start.run, start.quota
+    item: dict[str, Any] = {
+        "id": run.run_id,
+        "check_existing": start.check_existing,
+        "workflow": run.workflow,
+        "version": run.version,
+        "namespace": run.namespace,
+        "input": run.input,
+        "tags": list(run.tags),
+        "queue": run.queue,
+        "attempt": run.attempt,
+    }
+    if run.parent_id is not None:
+        item["parent_id"] = run.parent_id
+    if quota is not None:
+        item.update(key=quota.key, statuses=list(quota.count_statuses), limit=quota.limit)
+    return item
 
 
 def _function_sets(fields: dict[str, Any]) -> bool:

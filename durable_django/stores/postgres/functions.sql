@@ -301,3 +301,73 @@ BEGIN
     RETURN true;
 END
 $$;
+
+
+-- A batch of starts in one call: for each element of p_runs (a JSON array), in order, what
+-- durable_start_run_v1 does, by calling it; returns one row per element, its position (from
+-- 1) and durable_start_run_v1's row. A refused element creates nothing and the others go on.
+--
+-- Each element is an object holding durable_start_run_v1's arguments by name: id,
+-- check_existing, workflow, version, namespace, input, tags, queue, parent_id, attempt,
+-- key, statuses, limit (p_read_namespace is the batch's). A NULL argument is left out.
+--
+-- Deadlocks: every quota key of the batch is locked first, in the byte order of its UTF-8
+-- text (COLLATE "C", which is also the code point order the portable path sorts keys in),
+-- before the first start; each lock is held until the transaction ends, and the single
+-- start's own lock of its key is then taken again by the same transaction, which does not
+-- wait. Two batches sharing keys, in whatever order their elements name them, take the
+-- keys in the same order, so neither waits for a key the other holds while holding one it
+-- needs. A single start holds one key and waits for no other.
+--
+-- The quota rule lives in durable_start_run_v1 alone: a later version of the single start
+-- is called here in its place by a later version of this function.
+CREATE OR REPLACE FUNCTION durable_start_runs_v1(
+    p_runs jsonb,
+    p_read_namespace text
+) RETURNS TABLE(
+    "position" integer, outcome text, active integer, found_workflow text,
+    found_namespace text
+)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_key text;
+    v_run jsonb;
+    v_position integer;
+BEGIN
+    FOR v_key IN
+        SELECT k.key FROM (
+            SELECT DISTINCT (e.value ->> 'key') COLLATE "C" AS key
+            FROM jsonb_array_elements(p_runs) AS e
+        ) AS k
+        WHERE k.key IS NOT NULL
+        ORDER BY k.key
+    LOOP
+        PERFORM durable_lock_quota_key_v1(v_key);
+    END LOOP;
+    FOR v_run, v_position IN
+        SELECT e.value, e.ordinality::integer
+        FROM jsonb_array_elements(p_runs) WITH ORDINALITY AS e
+        ORDER BY e.ordinality
+    LOOP
+        RETURN QUERY SELECT v_position, s.outcome, s.active, s.found_workflow,
+            s.found_namespace
+        FROM durable_start_run_v1(
+            v_run ->> 'id',
+            (v_run ->> 'check_existing')::boolean,
+            v_run ->> 'workflow',
+            v_run ->> 'version',
+            v_run ->> 'namespace',
+            v_run -> 'input',
+            ARRAY(SELECT jsonb_array_elements_text(v_run -> 'tags')),
+            v_run ->> 'queue',
+            v_run ->> 'parent_id',
+            (v_run ->> 'attempt')::integer,
+            v_run ->> 'key',
+            ARRAY(SELECT jsonb_array_elements_text(v_run -> 'statuses')),
+            (v_run ->> 'limit')::integer,
+            p_read_namespace
+        ) AS s;
+    END LOOP;
+END
+$$;
