@@ -1,9 +1,13 @@
 """What a start costs: the plain start, the quota-checked start, and the quota-checked
-start on a key with a long finished history, side by side.
+start on a key with a long finished history, side by side; then batches of starts
+(``dispatch_many``) against Procrastinate's ``batch_defer``.
 
 Run from the repository root::
 
     .venv/bin/python benchmarks/start_path.py [--starts 2000] [--history 1000000]
+    .venv/bin/python benchmarks/start_path.py --batches-only [--batch-size 100]
+
+The batch section needs the ``bench`` extra (Procrastinate); without it, it is skipped.
 
 It (re)creates the PostgreSQL database ``durable_bench`` (``--database``), migrates it,
 gives one quota key ``--history`` completed runs (inserted with ``generate_series``, then
@@ -74,6 +78,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--database", default="durable_bench", help="PostgreSQL database")
     parser.add_argument(
         "--reuse", action="store_true", help="keep an existing database and its history"
+    )
+    parser.add_argument("--batch-size", type=int, default=100, help="runs per batch")
+    parser.add_argument("--batches", type=int, default=60, help="batches per batch variant")
+    parser.add_argument(
+        "--batches-only", action="store_true", help="measure the batches alone (no history)"
     )
     return parser.parse_args()
 
@@ -247,6 +256,115 @@ def explain_count(history: int, start: Callable[[], object]) -> str:
     return "\n".join(out)
 
 
+def measure_batches(args: argparse.Namespace, fast, portable, fast_no_publish) -> None:
+    """Batches of ``--batch-size`` starts under one quota key: ``dispatch_many`` (one call
+    of ``durable_start_runs_v1``, the messages sent together on commit) against
+    Procrastinate's ``batch_defer`` (one INSERT of the jobs, in a database of its own),
+    and against as many single starts. Measured in rounds like the starts; the ratio is the
+    median of the per-round ratios of runs per second."""
+    try:
+        from benchmarks.procrastinate_app import procrastinate_app
+    except ImportError:
+        print("batches skipped: Procrastinate is not installed (the bench extra)")
+        return
+    try:
+        bench = procrastinate_app(f"{args.database}_procrastinate")
+    except ImportError:
+        print("batches skipped: Procrastinate is not installed (the bench extra)")
+        return
+    size = args.batch_size
+    inputs = [{**INPUT_SMALL, "n": n} for n in range(size)]
+
+    def loop() -> None:
+        for input in inputs:
+            fast.start("bench.quota", input)
+
+    variants = {
+        "dm": Variant("dispatch_many, quota", lambda: fast.start_many("bench.quota", inputs)),
+        "pt": Variant(
+            "   portable: dispatch_many", lambda: portable.start_many("bench.quota", inputs)
+        ),
+        "np": Variant(
+            "   no publish: dispatch_many",
+            lambda: fast_no_publish.start_many("bench.quota", inputs),
+        ),
+        "loop": Variant(f"   {size} x start, quota", loop),
+        "proc": Variant("Procrastinate batch_defer", lambda: bench.task.batch_defer(*inputs)),
+    }
+    try:
+        for variant in variants.values():
+            for _ in range(3):
+                variant.start()
+        complete_quota_runs()
+        trips = {n: count_round_trips(v.start) for n, v in variants.items() if n != "proc"}
+        complete_quota_runs()
+        names = list(variants)
+        per_round = 3
+        rounds = max(1, -(-args.batches // per_round))
+        print(
+            f"measuring {len(names)} batch variants x {rounds} rounds x {per_round} batches "
+            f"of {size} ...",
+            flush=True,
+        )
+        clock = time.perf_counter_ns
+        for number in range(rounds):
+            shift = number % len(names)
+            for name in names[shift:] + names[:shift]:
+                variant = variants[name]
+                times = []
+                gc.collect()
+                gc.disable()
+                try:
+                    for _ in range(per_round):
+                        t0 = clock()
+                        variant.start()
+                        times.append((clock() - t0) / 1000)
+                finally:
+                    gc.enable()
+                variant.samples += times
+                variant.rounds.append(statistics.median(times))
+            complete_quota_runs()
+        jobs = bench.job_count()
+    finally:
+        bench.close()
+
+    print()
+    print(f"batches of {size} runs; {rounds} rounds x {per_round} batches per variant")
+    print()
+    header = (
+        f"| {'variant':<30} | {'runs/s':>7} | {'ms/batch':>8} | {'median ms':>9} "
+        f"| {'PG trips':>8} | {'Redis trips':>11} |"
+    )
+    print(header)
+    print("| " + " | ".join("-" * (len(c) - 2) for c in header.split("|")[1:-1]) + " |")
+    for name, variant in variants.items():
+        mean = statistics.fmean(variant.samples)
+        pg, rd = trips.get(name, ("n/a", "n/a"))
+        print(
+            f"| {variant.label:<30} | {size * 1e6 / mean:>7.0f} | {mean / 1000:>8.2f} "
+            f"| {statistics.median(variant.samples) / 1000:>9.2f} | {pg:>8} | {rd:>11} |"
+        )
+    print()
+    for top, bottom, goal in (("dm", "proc", 1.0), ("np", "proc", None), ("dm", "loop", None)):
+        # runs per second of top over bottom: bottom's time over top's, round by round
+        per_round_ratios = [
+            b / t for t, b in zip(variants[top].rounds, variants[bottom].rounds, strict=True)
+        ]
+        med = statistics.median(per_round_ratios)
+        lo, _, hi = (
+            statistics.quantiles(per_round_ratios, n=4)
+            if len(per_round_ratios) > 1
+            else (med, med, med)
+        )
+        verdict = f"  goal >= {goal}x: {'met' if med >= goal else 'MISSED'}" if goal else ""
+        print(
+            f"runs/s {variants[top].label.strip()} / {variants[bottom].label.strip()} = "
+            f"{med:.2f}x  (per-round IQR {lo:.2f}-{hi:.2f}){verdict}"
+        )
+    print(f"({jobs:,} Procrastinate jobs in {bench.database!r})")
+    print()
+
+
 def main() -> None:
     args = parse_args()
     os.environ["DURABLE_BENCH_DB"] = args.database
@@ -274,13 +392,14 @@ def main() -> None:
     app.config_from_object("django.conf:settings", namespace="CELERY")
 
     call_command("migrate", verbosity=0)
-    began = time.perf_counter()
-    insert_history(args.history)
-    print(
-        f"history: {args.history:,} completed runs under {HISTORY_TAG!r} "
-        f"ready in {time.perf_counter() - began:.1f} s",
-        flush=True,
-    )
+    if not args.batches_only:
+        began = time.perf_counter()
+        insert_history(args.history)
+        print(
+            f"history: {args.history:,} completed runs under {HISTORY_TAG!r} "
+            f"ready in {time.perf_counter() - began:.1f} s",
+            flush=True,
+        )
     complete_quota_runs()
     purged = purge_queue(app)
 
@@ -347,6 +466,11 @@ def main() -> None:
             lambda: fast_no_publish.start("bench.quota", INPUT_HISTORY),
         ),
     }
+    if args.batches_only:
+        measure_batches(args, fast, portable, fast_no_publish)
+        purged += purge_queue(app)
+        print(f"purged {purged} messages from Redis queue {QUEUE!r}")
+        return
     if args.history != 1_000_000:
         label = f"{args.history:,}-history"
         variants["c"].label = f"c  start, quota, {label} key"
@@ -451,6 +575,7 @@ def main() -> None:
     print()
     print(explain_count(args.history, variants["c"].start))
     complete_quota_runs()
+    measure_batches(args, fast, portable, fast_no_publish)
     purged += purge_queue(app)
     print()
     print(f"purged {purged} messages from Redis queue {QUEUE!r}")
