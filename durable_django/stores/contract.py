@@ -546,9 +546,7 @@ class StoreContract:
         assert store.count_runs(tag=quota_tag("a")) == 2
         assert batch(store) == []
 
-    def test_a_batch_returns_runs_already_there_and_ids_given_twice(
-        self, store: BaseStore
-    ) -> None:
+    def test_a_batch_returns_runs_already_there_and_ids_given_twice(self, store: BaseStore) -> None:
         full = quota("k", 1)
         start(store, new_run("order:1", input={"n": 1}), full)
         outcomes = batch(

@@ -5,7 +5,9 @@ Each operation takes one of two paths:
 - on PostgreSQL (``fast_path=True``, the default), one call of a function of
   ``stores/postgres/functions.sql``, installed by migration 0002: a start
   (``durable_start_run_v1``: the key's advisory lock, the existing-run check, the count
-  and the inserts), a claim that also returns the run and its recorded steps
+  and the inserts), a batch of starts (``durable_start_runs_v1``, migration 0003: every
+  key's lock in sorted order, then ``durable_start_run_v1`` per element), a claim that
+  also returns the run and its recorded steps
   (``durable_claim_run_v1``), a step's record with the check that the worker still holds
   the run (``durable_record_held_step_v1``), and a status change of the run and its tags
   together, with the turn's last record at the end of a turn (``durable_transition_v1``).
