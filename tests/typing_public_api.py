@@ -17,6 +17,7 @@ from typing import Any, assert_type
 import durable_django
 from durable_django import (
     BaseWorkflow,
+    BatchStart,
     Concurrency,
     ConcurrencyLimitError,
     Context,
@@ -73,6 +74,7 @@ from durable_django.stores import (
     OrmStore,
     RunRecord,
     StartOutcome,
+    StartRequest,
     StepRecord,
     Store,
 )
@@ -112,6 +114,13 @@ def starts(engine: Engine) -> None:
     assert_type(handle.status, str)
     assert_type(handle.created, bool)
     assert_type(RunStatus.PENDING in ACTIVE_STATUSES, bool)
+    batch = total.dispatch_many([{"a": 1}, {"a": 2}], run_ids=["r1", None], tags=["t"])
+    assert_type(batch, BatchStart)
+    assert_type(batch.started, list[RunHandle])
+    assert_type(batch.refused, list[tuple[int, ConcurrencyLimitError]])
+    assert_type(batch.handles, list[RunHandle | None])
+    assert_type(Report.dispatch_many([None], concurrency={"key": "k", "limit": 2}), BatchStart)
+    assert_type(engine.start_many("typing.total", [{"a": 1}], namespace="n"), BatchStart)
     try:
         total.start({"a": 1}, timeout=5.0)
     except ConcurrencyLimitError as error:
@@ -121,6 +130,8 @@ def starts(engine: Engine) -> None:
 async def async_starts() -> None:
     assert_type(await total.adispatch({"a": 1}, tags=["t"]), RunHandle)
     assert_type(await Report.adispatch(None), RunHandle)
+    assert_type(await total.adispatch_many([{"a": 1}]), BatchStart)
+    assert_type(await Report.adispatch_many([None], tags=["t"]), BatchStart)
 
 
 def misuses(engine: Engine) -> None:
@@ -128,5 +139,6 @@ def misuses(engine: Engine) -> None:
     Report.start(None, timout=5)  # type: ignore[call-arg]
     engine.start("typing.total", {"a": 1}, queue="fast")  # type: ignore[call-arg]
     total.dispatch({"a": 1}, run_id=1)  # type: ignore[arg-type]
+    total.dispatch_many([{"a": 1}], run_id="r1")  # type: ignore[call-arg]
     Concurrency("k", limit="8")  # type: ignore[arg-type]
     workflow(name="typing.none")(42)  # type: ignore[call-overload]

@@ -274,6 +274,8 @@ class OrmStore(BaseStore):
         """
         check_batch_ids(starts)
         connection = connections[self.using]
+        if connection.vendor == "mysql" and not in_callers_transaction(connection):
+            self._insert_lock_rows({start.quota.key for start in starts if start.quota})
         attempt = 1
         while True:
             try:
@@ -294,6 +296,14 @@ class OrmStore(BaseStore):
                     )
                     raise
             attempt += 1
+
+    def _insert_lock_rows(self, keys: set[str]) -> None:
+        """Insert and commit the lock rows of the ``keys`` that have none, before the
+        batch's transaction: inside it, each new key's row would take a connection of its
+        own (:meth:`_row_lock`)."""
+        have = QuotaLock.objects.using(self.using).filter(key__in=sorted(keys))
+        for key in sorted(keys - set(have.values_list("key", flat=True))):
+            insert_lock_row(connections[self.using], key)
 
     def _start_many_on_postgresql(
         self, starts: Sequence[StartRequest], read_namespace: str | None
