@@ -258,3 +258,17 @@ def test_the_portable_path_locks_each_key_once(db):
             "tenant:b",
             "tenant:c",
         }
+
+
+def test_the_batchs_messages_are_one_callback_on_commit(db, django_capture_on_commit_callbacks):
+    from durable_django.stores import OrmStore
+
+    engine = Engine(store=OrmStore(), registry=Registry(), enqueue=True)
+    engine.register("chat.turn", "1", echo, concurrency={**TENANT, "limit": 3})
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        batch = engine.start_many("chat.turn", inputs(5))
+    assert (len(batch.started), len(batch.refused)) == (3, 2)
+    assert len(callbacks) == 1  # send_runs with the three run ids; no run_started listener
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        engine.start_many("chat.turn", inputs(2))  # all refused: nothing to send
+    assert callbacks == []
