@@ -1,11 +1,13 @@
 """Quotas on the tasks of Django's tasks framework: the ``concurrency`` option of
 :class:`~durable_django.tasks_backend.DurableTaskBackend`, checked and resolved.
 
-One task's quota is a dict::
+One task's quota is a dict:
 
-    {"key": "reports", "limit": 4}                                 # one fixed key
-    {"key_function": "myapp.quotas.report_key", "limit": 4}        # a key per call
-    {"key_function": report_key, "limit": 4, "count_statuses": ["pending", "running"]}
+```python
+{"key": "reports", "limit": 4}                                 # one fixed key
+{"key_function": "myapp.quotas.report_key", "limit": 4}        # a key per call
+{"key_function": report_key, "limit": 4, "count_statuses": ["pending", "running"]}
+```
 
 ``key`` is a fixed ``str``, or a callable; ``key_function`` the dotted path of a callable
 (imported when first used). Either callable takes the task's arguments, as the task

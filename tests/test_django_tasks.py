@@ -19,21 +19,21 @@ import pytest
 
 pytest.importorskip("django.tasks", reason="Django before 6.0 has no tasks framework")
 
-import django  # noqa: E402
-from django.core.exceptions import ImproperlyConfigured  # noqa: E402
-from django.db import transaction  # noqa: E402
-from django.tasks import TaskResultStatus, default_task_backend, task, task_backends  # noqa: E402
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist  # noqa: E402
-from django.tasks.signals import task_enqueued, task_finished, task_started  # noqa: E402
-from django.utils import timezone  # noqa: E402
+import django
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from django.tasks import TaskResultStatus, default_task_backend, task, task_backends
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.utils import timezone
 
-from durable_django import ConcurrencyLimitError, UnstorableValueError  # noqa: E402
-from durable_django import engine as default_engine  # noqa: E402
-from durable_django.task_runs import WORKFLOW  # noqa: E402
-from durable_django.tasks_backend import DurableTaskBackend  # noqa: E402
-from durable_django.testing import run_until_idle  # noqa: E402
+from durable_django import ConcurrencyLimitError, UnstorableValueError
+from durable_django import engine as default_engine
+from durable_django.task_runs import WORKFLOW
+from durable_django.tasks_backend import DurableTaskBackend
+from durable_django.testing import run_until_idle
 
-from . import django_task_functions as tasks  # noqa: E402
+from . import django_task_functions as tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -92,7 +92,7 @@ def test_an_enqueued_task_runs_and_its_result_is_read_back(signals: list[Any]) -
     assert (result.started_at, result.finished_at, result.worker_ids) == (None, None, [])
     assert default_engine.get_run(result.id).workflow == WORKFLOW
     with pytest.raises(ValueError, match="not finished"):
-        result.return_value
+        _ = result.return_value
 
     run_until_idle()
 
@@ -126,7 +126,7 @@ def test_a_failing_task_ends_failed_with_its_error(signals: list[Any]) -> None:
     assert "ReportFailed: no data for March" in error.traceback
     assert result.finished_at is not None
     with pytest.raises(ValueError, match="failed"):
-        result.return_value
+        _ = result.return_value
     assert signals[-1] == ("finished", result.id, "FAILED")
 
 
@@ -188,7 +188,7 @@ def test_a_quota_per_task_refuses_and_creates_nothing(tmp_path: Any) -> None:
 
 def test_a_key_function_that_raises_refuses_the_enqueue() -> None:
     runs = task_runs()
-    with pytest.raises(ValueError, match="keyed_badly.*LookupError: no tenant"):
+    with pytest.raises(ValueError, match=r"keyed_badly.*LookupError: no tenant"):
         tasks.keyed_badly.enqueue(1)
     assert task_runs() == runs
 
@@ -208,7 +208,7 @@ def test_a_task_declares_its_own_quota(tmp_path: Any) -> None:
 
 def test_arguments_must_be_json() -> None:
     runs = task_runs()
-    with pytest.raises(UnstorableValueError, match="arguments of task 'tests.django_task_fu"):
+    with pytest.raises(UnstorableValueError, match=r"arguments of task 'tests\.django_task_fu"):
         tasks.add.enqueue(object(), 1)
     with pytest.raises(UnstorableValueError, match="keyword arguments"):
         tasks.add.enqueue(1, b={1, 2})

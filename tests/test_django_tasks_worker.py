@@ -24,17 +24,17 @@ import pytest
 
 pytest.importorskip("django.tasks", reason="Django before 6.0 has no tasks framework")
 
-from django.db import connection  # noqa: E402
-from django.tasks import TaskResult, TaskResultStatus  # noqa: E402
-from django.test import override_settings  # noqa: E402
-from django.utils import timezone  # noqa: E402
+from django.db import connection
+from django.tasks import TaskResult, TaskResultStatus
+from django.test import override_settings
+from django.utils import timezone
 
-from durable_django import ConcurrencyLimitError  # noqa: E402
-from durable_django import engine as default_engine  # noqa: E402
+from durable_django import ConcurrencyLimitError
+from durable_django import engine as default_engine
 
-from . import django_task_functions as tasks  # noqa: E402
-from .brokers import Broker  # noqa: E402
-from .worker import ROOT, WAIT, Worker, running_worker, unique_queue  # noqa: E402
+from . import django_task_functions as tasks
+from .brokers import Broker
+from .worker import ROOT, WAIT, Worker, running_worker, unique_queue
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -116,7 +116,7 @@ def test_tasks_run_on_the_worker_and_send_their_signals(sending: Worker, signal_
     assert error.exception_class is tasks.ReportFailed
     assert "ReportFailed: no data for March" in error.traceback
     with pytest.raises(ValueError, match="failed"):
-        failed.return_value
+        _ = failed.return_value
     for result in (added, doubled, who, failed):
         assert result.enqueued_at <= result.started_at <= result.finished_at
         assert len(result.worker_ids) == 1
@@ -131,9 +131,7 @@ def test_tasks_run_on_the_worker_and_send_their_signals(sending: Worker, signal_
     ]
 
 
-def test_a_task_goes_from_ready_to_running_to_successful(
-    sending: Worker, tmp_path: Path
-) -> None:
+def test_a_task_goes_from_ready_to_running_to_successful(sending: Worker, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     result = tasks.gated.enqueue(str(gate), uuid.uuid4().hex, 7)
     assert result.status == TaskResultStatus.READY
@@ -141,7 +139,7 @@ def test_a_task_goes_from_ready_to_running_to_successful(
         settled(result, sending, ("RUNNING",))
         assert result.started_at is not None and result.finished_at is None
         with pytest.raises(ValueError, match="not finished"):
-            result.return_value
+            _ = result.return_value
     finally:
         gate.touch()
     settled(result, sending)

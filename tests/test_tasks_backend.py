@@ -30,7 +30,7 @@ def test_without_django_tasks_the_backend_refuses_to_be_built() -> None:
     message = str(refused.value)
     assert "needs Django 6.0 or later (django.tasks)" in message
     assert f"this is Django {django.get_version()}" in message
-    with pytest.raises(ImproperlyConfigured, match="needs Django 6.0"):
+    with pytest.raises(ImproperlyConfigured, match=r"needs Django 6\.0"):
         tasks_backend.DurableTask(func=print)
 
 
