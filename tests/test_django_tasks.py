@@ -316,3 +316,22 @@ def test_the_check_imports_the_configured_tasks_and_key_functions() -> None:
     assert [m.id for m in messages] == ["durable_django.E005", "durable_django.E005"]
     assert "'tests.django_task_functions.gate_key' is not a task" in messages[0].msg
     assert "'tests.django_task_functions.missing' cannot be imported" in messages[1].msg
+
+
+def test_a_task_not_found_at_its_module_path_is_refused() -> None:
+    stray = task(tasks.gate_key)  # tests.django_task_functions.gate_key is not this task
+    runs = task_runs()
+    with pytest.raises(InvalidTask, match=r"cannot be found at its module path"):
+        stray.enqueue("gate", "key")
+    assert task_runs() == runs
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_task_is_failed(signals: list[Any]) -> None:
+    result = tasks.add.enqueue(1, 1)
+    assert default_engine.cancel(result.id)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "durable_django.errors.RunFailed"
+    assert signals[-1] == ("finished", result.id, "FAILED")
