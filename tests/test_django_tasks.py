@@ -335,3 +335,12 @@ def test_a_cancelled_task_is_failed(signals: list[Any]) -> None:
     [error] = result.errors
     assert error.exception_class_path == "durable_django.errors.RunFailed"
     assert signals[-1] == ("finished", result.id, "FAILED")
+
+
+def test_the_async_api_enqueues_and_reads() -> None:
+    from asgiref.sync import async_to_sync
+
+    result = async_to_sync(tasks.add.aenqueue)(4, b=5)
+    run_until_idle()
+    read = async_to_sync(tasks.add.aget_result)(result.id)
+    assert (read.status, read.return_value) == ("SUCCESSFUL", 9)
