@@ -15,6 +15,7 @@ from .conf import durable_settings
 from .engines import default_engine
 from .models import Schedule
 from .registry import default_registry
+from .tasks_backend import TASKS_AVAILABLE, configured_aliases, unavailable_message
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -283,3 +284,21 @@ def check_schedules(
                 )
             )
     return messages
+
+
+@checks.register()
+def check_tasks_backend(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Warn when ``TASKS`` names the durable task backend on a Django without
+    ``django.tasks`` (before 6.0): nothing would ever use it."""
+    if TASKS_AVAILABLE:
+        return []
+    return [
+        checks.Warning(
+            f"TASKS[{alias!r}]: {unavailable_message()}",
+            hint="Upgrade to Django 6.0 or later, or take DurableTaskBackend out of TASKS.",
+            id="durable_django.W007",
+        )
+        for alias in configured_aliases()
+    ]

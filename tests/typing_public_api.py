@@ -29,6 +29,8 @@ from durable_django import (
 
 # Every name the reference documents, imported from where it says: each must be exported
 # explicitly there (mypy --strict refuses a name a module merely imports).
+from durable_django.django_tasks import DurableTask as DjangoTasksDurableTask
+from durable_django.django_tasks import DurableTaskBackend as DjangoTasksDurableTaskBackend
 from durable_django.engines import RunHandle as EnginesRunHandle
 from durable_django.engines import TickResult
 from durable_django.events import PublishResult, event_run_id, publish
@@ -77,7 +79,9 @@ from durable_django.stores import (
     Store,
 )
 from durable_django.stores.base import RunRecord as BaseRunRecord
+from durable_django.task_quotas import TaskQuota, task_quota, task_quotas
 from durable_django.tasks import beat_schedule, execute_run, tick
+from durable_django.tasks_backend import DurableTask, DurableTaskBackend
 from durable_django.testing import StoreContract, run_until_idle
 from durable_django.ticker import Ticker
 from durable_django.usage import QuotaUsage, quota_usage
@@ -130,3 +134,23 @@ def misuses(engine: Engine) -> None:
     total.dispatch({"a": 1}, run_id=1)  # type: ignore[arg-type]
     Concurrency("k", limit="8")  # type: ignore[arg-type]
     workflow(name="typing.none")(42)  # type: ignore[call-overload]
+
+
+# Django's tasks framework on durable runs: the backend is a BaseTaskBackend, its enqueue
+# typed as Django's.
+def _tasks_backend(backend: DurableTaskBackend) -> None:
+    from django.tasks import TaskResult, task
+    from django.tasks.backends.base import BaseTaskBackend
+
+    assert_type(backend.supports_defer, bool)
+    assert isinstance(backend, BaseTaskBackend)
+
+    @task
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    assert_type(add.enqueue(1, b=2).return_value, int)
+    assert_type(backend.get_result("id"), TaskResult[..., Any])
+    add.enqueue("one", 2)  # type: ignore[arg-type]
+    assert_type(backend.quota(add), TaskQuota | None)
+    assert_type(task_quota("app.tasks.add", {"key": "k", "limit": 1}), TaskQuota)
