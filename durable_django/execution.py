@@ -355,12 +355,10 @@ class Context:
                 # After fn: the run's row is locked (FOR SHARE) only until the commit.
                 record = dataclasses.replace(step, result=result)
                 if not store.record_held_step(self.run_id, record, self.owner, replace=replace):
-                    raise _NotHeld
+                    self.lease_lost.set()
+                    raise LeaseLost(self.run_id)
                 if unwritten is not None:
                     store.record_step(self.run_id, unwritten)
-        except _NotHeld:
-            self.lease_lost.set()
-            raise LeaseLost(self.run_id) from None
         except BaseException:
             # Rolled back: the earlier step's record is still to be written.
             self.unwritten = unwritten
@@ -567,10 +565,6 @@ def _check_own_child(context: Context, run_id: str) -> None:
         raise DurableError(
             f"child id {run_id!r} is taken by a run that is not a child of {context.run_id!r}"
         )
-
-
-class _NotHeld(Exception):
-    """Rolls a transactional step back: the worker no longer holds the run."""
 
 
 def _transaction_of(store: BaseStore) -> contextlib.AbstractContextManager[Any]:
