@@ -6,7 +6,7 @@ Run from the repository root::
 
 It (re)creates the PostgreSQL database ``durable_bench_exec`` (``--database``), migrates
 it, creates the tables ``bench_exec_write`` and ``bench_exec_floor``, and starts three
-Celery workers on the Redis broker ``redis://127.0.0.1:6379/13``, each one process with
+Celery workers (and a Procrastinate one) on the Redis broker ``redis://127.0.0.1:6379/13``, each one process with
 ``--pool=solo`` consuming one variant's queue, so that each worker's peak memory is its
 own.
 
@@ -15,7 +15,16 @@ own.
 - **plain**: ``--runs`` Celery tasks making the same three inserts;
 - **floor**: the plain task plus the commits a durable turn adds (the claim's, two step
   records', the end of the turn's), each the cheapest one-row insert: what any design
-  committing that often would cost at best.
+  committing that often would cost at best;
+- **transactional**: ``--runs`` runs of ``bench.three_transactions``, the durable workflow
+  with ``ctx.transaction`` steps (each insert commits with its record), on the durable
+  worker;
+- **procrastinate**: ``--runs`` Procrastinate jobs making the same three inserts, run by a
+  ``procrastinate worker --concurrency 1`` (``pip install -e '.[bench]'``), its schema in
+  the database ``<--database>_procrastinate``.
+
+The ratio table gives each goal, met or missed: durable / plain >= 0.5, transactional /
+plain >= 0.65, durable / procrastinate >= 1.0.
 
 A measurement empties the tables, dispatches every run (or task) from this process, and
 polls the database until all are done: the time runs from the first dispatch to the last
