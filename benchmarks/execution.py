@@ -6,9 +6,9 @@ Run from the repository root::
 
 It (re)creates the PostgreSQL database ``durable_bench_exec`` (``--database``), migrates
 it, creates the tables ``bench_exec_write`` and ``bench_exec_floor``, and starts three
-Celery workers (and a Procrastinate one) on the Redis broker ``redis://127.0.0.1:6379/13``, each one process with
-``--pool=solo`` consuming one variant's queue, so that each worker's peak memory is its
-own.
+Celery workers on the Redis broker ``redis://127.0.0.1:6379/13``, each one process with
+``--pool=solo`` consuming one variant's queue (the durable variants share one), so that
+each worker's peak memory is its own, and a Procrastinate worker.
 
 - **durable**: ``--runs`` runs of ``bench.three_writes`` (three ``ctx.step`` calls, each
   inserting one row and returning a small JSON value), started under a quota;
