@@ -661,8 +661,9 @@ def main() -> None:
         ]
         return statistics.median(rounds), rounds
 
-    print(f"| {'ratio (runs/s)':<52} | {'value':>5} | {'per round':<23} | {'goal':<16} |")
-    print(f"| {'-' * 52} | {'-' * 4}: | {'-' * 23} | {'-' * 16} |")
+    width = max(23, 7 * args.rounds - 2)  # the per-round ratios, "0.123, " each
+    print(f"| {'ratio (runs/s)':<52} | {'value':>5} | {'per round':<{width}} | {'goal':<16} |")
+    print(f"| {'-' * 52} | {'-' * 4}: | {'-' * width} | {'-' * 16} |")
     goals = {(n, d): at_least for n, d, at_least in GOALS}
     for numerator, denominator, note in (
         ("durable", "plain", ""),
@@ -679,7 +680,7 @@ def main() -> None:
         verdict = "" if goal is None else f">= {goal}: {'met' if value >= goal else 'MISSED'}"
         rounds = ", ".join(f"{r:.3f}" for r in per_round)
         print(
-            f"| {numerator + ' / ' + denominator + note:<52} | {value:.3f} | {rounds:<23} "
+            f"| {numerator + ' / ' + denominator + note:<52} | {value:.3f} | {rounds:<{width}} "
             f"| {verdict:<16} |"
         )
     print()
