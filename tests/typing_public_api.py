@@ -90,7 +90,8 @@ from durable_django.usage import QuotaUsage, quota_usage
 @workflow(name="typing.total", concurrency={"key": lambda input: "k", "limit": 2})
 def total(ctx: Context, input: dict[str, int]) -> int:
     assert_type(ctx.run_id, str)
-    return int(ctx.step("sum", sum, input.values(), retries=2))
+    counted = ctx.transaction("count", len, input, retries=1, backoff=lambda attempt: 2.0)
+    return int(ctx.step("sum", sum, input.values(), retries=2)) + int(counted)
 
 
 @workflow(name="typing.report", concurrency=Concurrency(key=lambda input: None, limit=1))
