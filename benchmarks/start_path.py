@@ -299,11 +299,11 @@ def main() -> None:
 
     from durable_django import Concurrency, Engine
     from durable_django.engines import send_run
-    from durable_django.publishing import publish_run
-    from durable_django.tasks import execute_run
     from durable_django.models import Run, RunTag
+    from durable_django.publishing import publish_run
     from durable_django.registry import Registry
     from durable_django.stores.orm import OrmStore
+    from durable_django.tasks import execute_run
 
     app = Celery("durable_bench", set_as_current=True)
     app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -19,6 +19,7 @@ producers are dropped and new ones connect.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -29,10 +30,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celery import Celery, current_app
+from celery import Celery
+from celery.app import app_or_default
 from celery.utils.nodenames import anon_nodename
 from kombu import Connection, Producer, Queue
 from kombu.common import Broadcast, maybe_declare
+from kombu.exceptions import OperationalError
 
 #: The Celery task every message asks a worker to run, with the run id as its argument.
 TASK_NAME = "durable_django.execute_run"
@@ -72,10 +75,9 @@ class _Pooled:
         self.ready = True
 
     def close(self) -> None:
-        try:
+        # a connection that broke may fail to close; it is dropped anyway
+        with contextlib.suppress(Exception):
             self.connection.close()
-        except Exception:  # a connection that broke may fail to close; it is dropped anyway
-            pass
 
 
 def _keep_redis_client(channel: Any) -> None:
@@ -149,8 +151,7 @@ class Publisher:
             exchange = exchange or amqp.default_exchange.name
             routing_key = routing_key or target.routing_key or app.conf.task_default_routing_key
         delivery_mode = (
-            getattr(target.exchange, "delivery_mode", None)
-            or app.conf.task_default_delivery_mode
+            getattr(target.exchange, "delivery_mode", None) or app.conf.task_default_delivery_mode
         )
         return Route(
             queue=target,
@@ -199,6 +200,7 @@ class Publisher:
                 recoverable = (
                     *connection.connection_errors,
                     *connection.channel_errors,
+                    OperationalError,  # kombu's, for a connection it could not make
                     OSError,
                 )
                 if not isinstance(error, recoverable) or attempt >= retries:
@@ -213,8 +215,13 @@ class Publisher:
 
     def _send(self, pooled: _Pooled, runs: Sequence[tuple[str, str]]) -> None:
         producer = pooled.producer
-        if len(runs) > 1 and getattr(producer, "supports_batch_publish", False):
-            with producer.batch():  # one round trip on Redis
+        batch = getattr(producer, "batch", None)  # kombu 5.7 and later
+        if (
+            len(runs) > 1
+            and batch is not None
+            and getattr(producer, "supports_batch_publish", False)
+        ):
+            with batch():  # one round trip on Redis
                 for run_id, queue in runs:
                     self._send_one(pooled, run_id, queue)
         else:
@@ -226,7 +233,8 @@ class Publisher:
         if not pooled.ready:
             pooled.prepare()
         if route.declare and queue not in pooled.declared:
-            maybe_declare(route.queue, pooled.producer.channel, retry=False)
+            channel: Any = pooled.producer.channel  # a channel once the producer is bound
+            maybe_declare(route.queue, channel, retry=False)
             pooled.declared.add(queue)
         task_id = str(uuid.uuid4())
         pooled.producer.publish(
@@ -272,7 +280,7 @@ def publisher() -> Publisher:
     """The publisher of the current Celery app, made anew when the app's broker
     connections were replaced (other settings, or a fork)."""
     global _publisher
-    app = current_app._get_current_object()
+    app = app_or_default(None)
     current = _publisher
     if current is not None and current.is_current(app):
         return current
