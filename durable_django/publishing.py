@@ -184,8 +184,10 @@ class Publisher:
 
     def publish(self, runs: Sequence[tuple[str, str]]) -> None:
         """Send one message per ``(run_id, queue)``; retry on a broker error as the app's
-        publish retry policy says, on a new connection each time; raise the last error."""
-        retries = int(self.policy.get("max_retries", 3) or 0) if self.retry else 0
+        publish retry policy says (an unbounded ``max_retries`` is taken as 3), on a new
+        connection each time; raise the last error."""
+        most_retries = self.policy.get("max_retries", 3)
+        retries = (3 if most_retries is None else int(most_retries)) if self.retry else 0
         interval = float(self.policy.get("interval_start", 0) or 0)
         step = float(self.policy.get("interval_step", 0.2) or 0)
         most = float(self.policy.get("interval_max", 0.2) or 0)
