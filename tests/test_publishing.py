@@ -29,6 +29,7 @@ from durable_django.tasks import execute_run
 from .brokers import Broker
 from .celery_app import app
 from .faults import free_port
+from .testapp.workflows import plain
 from .worker import Worker, running_worker, unique_queue
 from .worker_workflows import total
 
@@ -125,6 +126,20 @@ def test_the_publisher_follows_the_app_to_new_broker_settings(broker: Broker) ->
     assert publisher() is current
     with broker.in_use():  # the same broker, its connections dropped and made anew
         assert publisher() is not current
+
+
+def test_with_celery_eager_mode_a_run_executes_at_once(django_db_setup: None) -> None:
+    """``task_always_eager`` (no broker involved): the run executes in this process when
+    its start commits, as ``apply_async`` did."""
+    app.conf.task_always_eager = True
+    try:
+        with override_settings(DURABLE={"ENQUEUE": True, "QUEUE": "never-sent"}):
+            handle = plain.dispatch({"n": 1})
+    finally:
+        app.conf.task_always_eager = False
+
+    run = default_engine.get_run(handle.run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, {"got": {"n": 1}})
 
 
 # a broker restart, on a redis-server of the test's own ----------------------------------
