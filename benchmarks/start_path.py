@@ -1,5 +1,6 @@
 """What a start costs: the plain start, the quota-checked start, and the quota-checked
-start on a key with a long finished history, side by side.
+start on a key with a long finished history, side by side, against a plain view's insert
+and ``.delay()`` (on a kept and on a new connection) and Procrastinate's ``defer``.
 
 Run from the repository root::
 
@@ -8,7 +9,9 @@ Run from the repository root::
 It (re)creates the PostgreSQL database ``durable_bench`` (``--database``), migrates it,
 gives one quota key ``--history`` completed runs (inserted with ``generate_series``, then
 ``VACUUM ANALYZE``), and publishes every start's Celery message to a real Redis broker
-(``redis://127.0.0.1:6379/14``, queue ``durable_bench``, purged before and after).
+(``redis://127.0.0.1:6379/14``, queue ``durable_bench``, purged before and after). The
+Procrastinate row (the ``bench`` extra) has a database of its own,
+``durable_bench_procrastinate`` (``--procrastinate-database``, '' to leave it out).
 
 The variants are measured in rounds: each round runs a batch of every variant, in an
 order that rotates from round to round, and the runs started under a quota are completed
