@@ -9,6 +9,7 @@ Every test runs on Redis, and on PostgreSQL on RabbitMQ as well (the ``broker`` 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import time
@@ -126,6 +127,30 @@ def test_the_publisher_follows_the_app_to_new_broker_settings(broker: Broker) ->
     assert publisher() is current
     with broker.in_use():  # the same broker, its connections dropped and made anew
         assert publisher() is not current
+
+
+def test_a_forked_process_sends_on_connections_of_its_own(idle_queue: str, broker: Broker) -> None:
+    """A fork (a prefork worker's child, a preloaded web server's worker) never sends on,
+    nor closes, the connections its parent keeps."""
+    parent = publisher()
+    publish_runs([("parent", idle_queue)])
+    assert parent.idle  # the parent's connection, kept for its next send
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        code = 1
+        try:
+            child = publisher()
+            if child is not parent and not child.idle:
+                publish_runs([("child", idle_queue)])
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+    publish_runs([("parent-again", idle_queue)])  # on the connection the parent kept
+    assert publisher() is parent
+    assert broker.queued_run_ids(idle_queue) == ["parent", "child", "parent-again"]
 
 
 def test_with_celery_eager_mode_a_run_executes_at_once(django_db_setup: None) -> None:
