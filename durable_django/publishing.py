@@ -318,7 +318,10 @@ def _publish(current: Publisher, runs: Sequence[tuple[str, str]]) -> None:
     if app.conf.task_always_eager:  # Celery's test mode: the task runs here, at once
         task = app.tasks[TASK_NAME]
         for run_id, queue in runs:
-            task.apply_async((run_id,), **({"queue": queue} if queue else {}))
+            if queue:
+                task.apply_async((run_id,), queue=queue)
+            else:  # the task's default routing
+                task.apply_async((run_id,))
     else:
         current.publish(runs)
 
