@@ -1,5 +1,6 @@
 """What a start costs: the plain start, the quota-checked start, and the quota-checked
-start on a key with a long finished history, side by side.
+start on a key with a long finished history, side by side, against a plain view's insert
+and ``.delay()`` (on a kept and on a new connection) and Procrastinate's ``defer``.
 
 Run from the repository root::
 
@@ -8,7 +9,9 @@ Run from the repository root::
 It (re)creates the PostgreSQL database ``durable_bench`` (``--database``), migrates it,
 gives one quota key ``--history`` completed runs (inserted with ``generate_series``, then
 ``VACUUM ANALYZE``), and publishes every start's Celery message to a real Redis broker
-(``redis://127.0.0.1:6379/14``, queue ``durable_bench``, purged before and after).
+(``redis://127.0.0.1:6379/14``, queue ``durable_bench``, purged before and after). The
+Procrastinate row (the ``bench`` extra) has a database of its own,
+``durable_bench_procrastinate`` (``--procrastinate-database``, '' to leave it out).
 
 The variants are measured in rounds: each round runs a batch of every variant, in an
 order that rotates from round to round, and the runs started under a quota are completed
@@ -74,6 +77,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--database", default="durable_bench", help="PostgreSQL database")
     parser.add_argument(
         "--reuse", action="store_true", help="keep an existing database and its history"
+    )
+    parser.add_argument(
+        "--procrastinate-database",
+        default="durable_bench_procrastinate",
+        help="PostgreSQL database of the Procrastinate row, made anew ('' to leave it out)",
     )
     return parser.parse_args()
 
@@ -161,7 +169,8 @@ def count_round_trips(start: Callable[[], object]) -> tuple[int, int]:
             start()
         finally:
             redis.connection.AbstractConnection.send_packed_command = original
-            pgconn.untrace()
+            if connection.connection is not None and connection.connection.pgconn is pgconn:
+                pgconn.untrace()
         trace.flush()
         trace.seek(0)
         # Each simple Query, or each Sync closing an extended-protocol batch, is one trip.
@@ -247,6 +256,33 @@ def explain_count(history: int, start: Callable[[], object]) -> str:
     return "\n".join(out)
 
 
+def procrastinate_defer(database: str) -> tuple[Callable[[], object], Callable[[], None]]:
+    """A synchronous ``defer`` of a Procrastinate task with the same input, through its
+    ``SyncPsycopgConnector`` (a psycopg pool of one kept connection), its schema applied
+    to ``database``, made anew. Returns the start and what closes the app."""
+    import procrastinate
+
+    from benchmarks.database import recreate_database
+
+    recreate_database(database)
+    conninfo = " ".join(
+        f"{key}={os.environ.get(f'DURABLE_BENCH_{key.upper()}', default)}"
+        for key, default in (("host", "127.0.0.1"), ("port", "5432"), ("user", "postgres"))
+    )
+    connector = procrastinate.SyncPsycopgConnector(
+        conninfo=f"{conninfo} dbname={database}", min_size=1, max_size=1
+    )
+    app = procrastinate.App(connector=connector)
+    app.open()
+    app.schema_manager.apply_schema()
+
+    @app.task(name="bench.defer", queue=QUEUE)
+    def bench_task(tenant: str, message: str) -> None:  # never executed here
+        return None
+
+    return lambda: bench_task.defer(**INPUT_SMALL), app.close
+
+
 def main() -> None:
     args = parse_args()
     os.environ["DURABLE_BENCH_DB"] = args.database
@@ -267,11 +303,26 @@ def main() -> None:
     from durable_django import Concurrency, Engine
     from durable_django.engines import send_run
     from durable_django.models import Run, RunTag
+    from durable_django.publishing import publish_run
     from durable_django.registry import Registry
     from durable_django.stores.orm import OrmStore
+    from durable_django.tasks import execute_run
 
     app = Celery("durable_bench", set_as_current=True)
     app.config_from_object("django.conf:settings", namespace="CELERY")
+    app.conf.task_default_queue = QUEUE  # where a plain task's .delay() goes
+
+    @app.task(name="bench.plain_task", ignore_result=True)
+    def plain_task(run_id: str) -> None:  # never executed here
+        return None
+
+    class CelerySendEngine(Engine):
+        """The engine as it sent before the lean publish: Celery's ``apply_async``."""
+
+        def send(self, run_id: str, queue: str) -> None:
+            self.store.on_commit(
+                lambda: execute_run.apply_async((run_id,), queue=queue, serializer="json")
+            )
 
     call_command("migrate", verbosity=0)
     began = time.perf_counter()
@@ -298,6 +349,9 @@ def main() -> None:
         )
 
     fast, portable, fast_no_publish = engine(), engine(fast_path=False), engine(enqueue=False)
+    celery_send = CelerySendEngine(
+        store=OrmStore(), namespace="default", scope_reads=False, queue=QUEUE, registry=registry
+    )
     fast.register("bench.plain", "1", noop, tags=["bench"])
     fast.register("bench.quota", "1", noop, concurrency=quota)
 
@@ -320,7 +374,40 @@ def main() -> None:
             transaction.on_commit(lambda: send_run(run_id, QUEUE))
 
     def publish_only() -> None:
-        send_run(uuid.uuid4().hex, QUEUE)
+        execute_run.apply_async((uuid.uuid4().hex,), queue=QUEUE, serializer="json")
+
+    def lean_publish_only() -> None:
+        publish_run(uuid.uuid4().hex, QUEUE)
+
+    def view() -> None:
+        """What a plain view does: insert a row (autocommit) and ``.delay()`` a task."""
+        now = timezone.now()
+        run = Run.objects.create(
+            id=uuid.uuid4().hex,
+            workflow="bench.plain",
+            version="1",
+            namespace="default",
+            status="completed",
+            queue=QUEUE,
+            input=INPUT_SMALL,
+            created_at=now,
+            updated_at=now,
+        )
+        plain_task.delay(run.id)
+
+    def fresh(start: Callable[[], object]) -> Callable[[], object]:
+        """``start`` on a new connection, as with ``CONN_MAX_AGE = 0``."""
+
+        def on_a_new_connection() -> object:
+            connection.close()
+            return start()
+
+        return on_a_new_connection
+
+    def dispatch_quota() -> object:
+        return fast.start("bench.quota", INPUT_SMALL)
+
+    closers: list[Callable[[], None]] = []
 
     variants = {
         "a": Variant("a  start, no quota", lambda: fast.start("bench.plain", INPUT_SMALL)),
@@ -335,7 +422,15 @@ def main() -> None:
             lambda: portable.start("bench.quota", INPUT_HISTORY),
         ),
         "raw": Variant("   raw ORM: Run + RunTag + publish", raw_orm),
-        "pub": Variant("   Celery publish alone", publish_only),
+        "bt": Variant(
+            "   b with Celery's apply_async publish",
+            lambda: celery_send.start("bench.quota", INPUT_SMALL),
+        ),
+        "pub": Variant("   Celery apply_async alone", publish_only),
+        "lean": Variant("   lean publish alone", lean_publish_only),
+        "view": Variant("   view: Model.objects.create + .delay()", view),
+        "bF": Variant("   fresh connection: b", fresh(dispatch_quota)),
+        "viewF": Variant("   fresh connection: view", fresh(view)),
         "na": Variant(
             "   no publish: no quota", lambda: fast_no_publish.start("bench.plain", INPUT_SMALL)
         ),
@@ -347,6 +442,10 @@ def main() -> None:
             lambda: fast_no_publish.start("bench.quota", INPUT_HISTORY),
         ),
     }
+    if args.procrastinate_database:
+        defer, close_procrastinate = procrastinate_defer(args.procrastinate_database)
+        closers.append(close_procrastinate)
+        variants["defer"] = Variant("   Procrastinate defer (sync)", defer)
     if args.history != 1_000_000:
         label = f"{args.history:,}-history"
         variants["c"].label = f"c  start, quota, {label} key"
@@ -359,6 +458,7 @@ def main() -> None:
             variant.start()
     complete_quota_runs()
     trips = {name: count_round_trips(v.start) for name, v in variants.items()}
+    untraced = {"bF", "viewF", "defer"}  # on a connection the trace does not follow
     complete_quota_runs()
 
     names = list(variants)
@@ -411,9 +511,10 @@ def main() -> None:
         median = statistics.median(variant.samples)
         p90 = statistics.quantiles(variant.samples, n=10)[-1]
         pg, rd = trips[name]
+        pg_text = "-" if name in untraced else str(pg)
         print(
             f"| {variant.label:<36} | {1e6 / mean:>8.0f} | {mean:>8.0f} | {median:>9.0f} "
-            f"| {p90:>7.0f} | {pg:>8} | {rd:>11} |"
+            f"| {p90:>7.0f} | {pg_text:>8} | {rd:>11} |"
         )
     print()
 
@@ -430,28 +531,47 @@ def main() -> None:
         )
         return statistics.median(per_round), q1, q3, overall
 
-    for top, bottom, target in (
-        ("b", "a", 1.3),
-        ("c", "b", 1.1),
+    # (top, bottom, goal): top/bottom of the times, with a goal "<= x"; against
+    # Procrastinate's defer, the speed of top instead (bottom/top), with a goal ">= x".
+    goals: list[tuple[str, str, str | None]] = [
+        ("b", "a", "<= 1.3"),
+        ("c", "b", "<= 1.1"),
+        ("b", "defer", ">= 1.0"),
+        ("bt", "defer", ">="),
+        ("nb", "defer", ">="),
+        ("b", "view", "<= 1.1"),
+        ("bF", "viewF", "<= 1.15"),
+        ("pub", "lean", None),
+        ("bt", "b", None),
         ("pb", "pa", None),
         ("pc", "pb", None),
         ("nb", "na", None),
         ("nc", "nb", None),
         ("a", "raw", None),
         ("b", "raw", None),
-    ):
-        med, q1, q3, overall = ratio(top, bottom)
+    ]
+    for top, bottom, goal in goals:
+        if top not in variants or bottom not in variants:
+            continue
+        speed = goal is not None and goal.startswith(">=")
+        first, second = (bottom, top) if speed else (top, bottom)
+        med, q1, q3, overall = ratio(first, second)
         verdict = ""
-        if target is not None:
-            verdict = f"  target <= {target}: {'met' if med <= target else 'MISSED'}"
+        if goal is not None and " " in goal:
+            bound = float(goal.split()[1])
+            met = med >= bound if speed else med <= bound
+            verdict = f"  goal {goal}: {'met' if met else 'MISSED'}"
+        name = f"{first}/{second}" + (f" (speed of {top} vs {bottom})" if speed else "")
         print(
-            f"{top:>3}/{bottom:<3} = {med:.3f}  (per-round IQR {q1:.3f}-{q3:.3f}; "
+            f"{name:>12} = {med:.3f}  (per-round IQR {q1:.3f}-{q3:.3f}; "
             f"ratio of overall medians {overall:.3f}){verdict}"
         )
     print()
     print(explain_count(args.history, variants["c"].start))
     complete_quota_runs()
     purged += purge_queue(app)
+    for close in closers:
+        close()
     print()
     print(f"purged {purged} messages from Redis queue {QUEUE!r}")
 

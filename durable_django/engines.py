@@ -476,13 +476,11 @@ def _check_statuses(statuses: Collection[str] | None) -> list[str] | None:
 
 
 def send_run(run_id: str, queue: str) -> None:
-    """Send the Celery message that makes a worker execute ``run_id`` (JSON, never pickle)."""
-    from .tasks import execute_run
+    """Send the Celery message that makes a worker execute ``run_id`` (JSON, never pickle):
+    the lean publish of :mod:`durable_django.publishing`."""
+    from .publishing import publish_run
 
-    if queue:
-        execute_run.apply_async((run_id,), queue=queue, serializer="json")
-    else:  # the task's default routing
-        execute_run.apply_async((run_id,), serializer="json")
+    publish_run(run_id, queue)
 
 
 #: The default engine, configured from ``settings.DURABLE`` on first use.
