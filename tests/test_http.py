@@ -26,6 +26,7 @@ def check_429(response):
         "key": "tenant:acme",
         "limit": 8,
         "active": 8,
+        "retry_after": 1,
     }
 
 
