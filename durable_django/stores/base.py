@@ -317,7 +317,8 @@ class BaseStore(abc.ABC):
         """The runs carrying ``tag`` in ``statuses`` (in ``namespace`` when it is given),
         oldest first (earliest created first): the runs holding a quota key. The default
         reads a :meth:`list_runs` listing."""
-        return self.list_runs(tag=tag, statuses=statuses, namespace=namespace)[::-1]
+        runs = self.list_runs(tag=tag, statuses=statuses, namespace=namespace)[::-1]
+        return sorted(runs, key=lambda run: (run.created_at is None, run.created_at))
 
     def finished_spans(
         self, tag: str, namespace: str | None, finished_since: datetime, limit: int
