@@ -34,6 +34,7 @@ from .records import RunRecord
 
 if TYPE_CHECKING:
     from .engines import Engine
+    from .usage import QuotaUsage
 
 logger = logging.getLogger("durable_django.estimates")
 
@@ -168,6 +169,14 @@ def estimate(
     )
 
 
+def for_usage(engine: Engine, usage: QuotaUsage) -> Estimate | None:
+    """A busy key's estimate against its declared limit (against its active runs when
+    no limit is known: when its next run likely ends); ``None`` for an idle key."""
+    if not usage.active:
+        return None
+    return estimate(engine, usage.key, usage.limit if usage.limit is not None else usage.active)
+
+
 def explain(
     engine: Engine,
     error: ConcurrencyLimitError,
@@ -188,6 +197,7 @@ __all__ = [
     "durations",
     "estimate",
     "explain",
+    "for_usage",
     "holders",
     "remaining",
     "soonest_free",

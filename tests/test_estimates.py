@@ -292,3 +292,50 @@ def test_the_estimate_is_close_to_when_the_next_slot_frees(registry, limit):
         assert retry_after >= 1.0
         errors.append(abs(retry_after - max(actual, 1.0)))
     assert statistics.median(errors) <= 0.25 * TYPICAL, errors
+
+
+# manage.py durable quota --estimate ----------------------------------------------------
+
+
+def test_the_quota_command_shows_the_estimate(db):
+    from durable_django import engine as default_engine
+
+    from .helpers import durable, durable_json
+
+    now = timezone.now()
+    for _ in range(3):
+        run_id = default_engine.start("tests.echo", {"key": "tenant:acme"}).run_id
+        force_status(
+            default_engine,
+            run_id,
+            RunStatus.COMPLETED,
+            created_at=now - datetime.timedelta(seconds=100),
+            finished_at=now - datetime.timedelta(seconds=70),
+        )
+    for age in (20, 10, 5):
+        run_id = default_engine.start("tests.echo", {"key": "tenant:acme"}).run_id
+        force_status(
+            default_engine,
+            run_id,
+            RunStatus.RUNNING,
+            created_at=now - datetime.timedelta(seconds=age),
+        )
+    default_engine.start("tests.echo", {"key": "tenant:globex"})
+    default_engine.start("tests.plain", {}, concurrency={"key": "adhoc", "limit": 9})
+
+    lines = durable("quota", "--estimate").splitlines()
+    assert lines[0].split() == [
+        "KEY", "ACTIVE", "LIMIT", "USE", "OLDEST", "NEXT", "SLOT", "WORKFLOWS"
+    ]  # fmt: skip
+    acme = lines[1].split()
+    assert acme[:4] == ["tenant:acme", "3", "3", "[##########]"]
+    assert acme[4] == "full" and acme[5].startswith("20.")
+    assert acme[6].startswith("~9.") or acme[6] == "~10.0s"
+    by_key = {line.split()[0]: line.split() for line in lines[1:]}
+    assert by_key["tenant:globex"][-2] == "free"
+    assert by_key["adhoc"][-2] == "?"  # no limit known, no history: when its run ends is unknown
+
+    (found,) = durable_json("quota", "tenant:acme", "--estimate")
+    assert found["basis"] == "history"
+    assert 9 < found["retry_after"] <= 10 and 20 <= found["oldest_age"] < 30
+    assert "retry_after" not in durable_json("quota", "tenant:acme")[0]  # only when asked

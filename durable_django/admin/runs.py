@@ -540,7 +540,7 @@ class RunAdmin(_ModelAdmin):
         key = request.GET.get("key", "").strip() or None
         changelist = reverse(self._urlname("changelist"), current_app=self.admin_site.name)
         rows = [
-            quota_row(usage, changelist, quota_estimate(usage))
+            quota_row(usage, changelist, estimates.for_usage(default_engine, usage))
             for usage in default_engine.quota_usage(key)
         ]
         context = {
@@ -579,20 +579,11 @@ def refusal_text(error: ConcurrencyLimitError) -> str:
     }
 
 
-def quota_estimate(usage: QuotaUsage) -> Estimate | None:
-    """A busy key's oldest holder and when its next slot likely frees (for a key whose
-    limit is not known, when its next run likely ends); ``None`` for an idle key."""
-    if not usage.active:
-        return None
-    limit = usage.limit if usage.limit is not None else usage.active
-    return estimates.estimate(default_engine, usage.key, limit)
-
-
 def quota_row(
     usage: QuotaUsage, changelist_url: str, estimate: Estimate | None = None
 ) -> dict[str, Any]:
     """What the quota page shows for one :class:`~durable_django.usage.QuotaUsage`, with
-    its :func:`quota_estimate` when given."""
+    its :func:`~durable_django.estimates.for_usage` estimate when given."""
     limit = usage.limit
     if limit is None:
         percent = None
