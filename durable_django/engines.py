@@ -15,9 +15,10 @@ from typing import Any
 from django.utils import timezone
 
 from . import concurrency as quotas
-from . import starting
+from . import estimates, starting
 from .conf import build_store, durable_settings
 from .errors import RunNotFound, RunTimeout
+from .estimates import Holder
 from .events import PublishResult, publish
 from .execution import execute_run
 from .limits import text_lengths
@@ -429,6 +430,13 @@ class Engine:
         workflows, against the limit they declare. Busiest first."""
         _check_filters(key=key)
         return quota_usage(self, key)
+
+    def quota_holders(self, key: str) -> list[Holder]:
+        """The runs holding quota ``key`` now (in the statuses a quota counts by default,
+        in this engine's read namespace), oldest first: each one's run id, workflow,
+        status, created and started times, and age in seconds. Reads the tag index."""
+        _check_filters(key=key)
+        return estimates.holders(self, key)
 
     def wait_for_run(self, run_id: str, timeout: float | None = None) -> RunRecord:
         """Poll until the run is completed, failed or cancelled; :class:`RunTimeout` if not."""

@@ -144,12 +144,18 @@ def refusal_payload(error: ConcurrencyLimitError) -> dict[str, Any]:
         "key": error.key,
         "limit": error.limit,
         "active": error.active,
+        "retry_after": error.retry_after,
     }
 
 
 def _refusal_from(payload: dict[str, Any]) -> ConcurrencyLimitError:
+    # retry_after is recorded so that every replay sees the same; older records lack it.
     return ConcurrencyLimitError(
-        payload["workflow"], payload["key"], payload["limit"], payload["active"]
+        payload["workflow"],
+        payload["key"],
+        payload["limit"],
+        payload["active"],
+        payload.get("retry_after", 0),
     )
 
 

@@ -13,7 +13,8 @@
 4. **idempotency**: a ``run_id`` already taken returns that run, and is never refused
    (checked under the lock, so two starts racing with one run id make one run);
 5. **count**: the key's active runs; at the limit, :class:`ConcurrencyLimitError` (and
-   the ``run_refused`` signal), with nothing created;
+   the ``run_refused`` signal), with nothing created; once the start's transaction has
+   ended, the error is given its ``retry_after`` (:func:`durable_django.estimates.explain`);
 6. **insert**: the run and its tags; for a retry, the failed run made pending again;
 7. **enqueue on commit**: the Celery message, and ``run_started``, once the transaction
    commits.
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from asgiref.sync import sync_to_async
 
 from . import concurrency as quotas
+from . import estimates
 from .errors import ConcurrencyLimitError, DurableError, RunFailed
 from .limits import text_lengths
 from .records import NewRun, RunRecord
@@ -206,7 +208,7 @@ def retry(
     try:
         engine.store.retry_run(run, quota, read_namespace=engine.read_namespace)
     except ConcurrencyLimitError as error:
-        _refused(engine, run.workflow, error)
+        _refused(engine, run.workflow, error, quota)
         raise
     engine.send(run_id, run.queue)
     return RunHandle(engine, run_id, run.workflow, True)
@@ -257,7 +259,7 @@ def admit(
             read_namespace=engine.read_namespace,
         )
     except ConcurrencyLimitError as error:
-        _refused(engine, run.workflow, error)
+        _refused(engine, run.workflow, error, quota)
         raise
     if outcome.created:
         engine.send(run.run_id, run.queue)
@@ -300,7 +302,13 @@ def new_run(
     )
 
 
-def _refused(engine: Engine, workflow: str, error: ConcurrencyLimitError) -> None:
+def _refused(
+    engine: Engine, workflow: str, error: ConcurrencyLimitError, quota: quotas.Quota | None
+) -> None:
+    """A refusal: explained (the store's transaction has ended), then announced."""
+    estimates.explain(
+        engine, error, quota.count_statuses if quota else quotas.DEFAULT_CONCURRENCY_STATUSES
+    )
     send_signal(run_refused, type(engine), engine=engine, workflow=workflow, error=error)
 
 

@@ -311,6 +311,32 @@ class BaseStore(abc.ABC):
                     by_workflow[run.workflow] = by_workflow.get(run.workflow, 0) + 1
         return found
 
+    def quota_holders(
+        self, tag: str, statuses: Collection[str], namespace: str | None
+    ) -> list[RunRecord]:
+        """The runs carrying ``tag`` in ``statuses`` (in ``namespace`` when it is given),
+        oldest first (earliest created first): the runs holding a quota key. The default
+        reads a :meth:`list_runs` listing."""
+        runs = self.list_runs(tag=tag, statuses=statuses, namespace=namespace)[::-1]
+        return sorted(runs, key=lambda run: (run.created_at is None, run.created_at))
+
+    def finished_spans(
+        self, tag: str, namespace: str | None, finished_since: datetime, limit: int
+    ) -> list[tuple[datetime, datetime]]:
+        """``(created_at, finished_at)`` of up to ``limit`` runs carrying ``tag`` (in
+        ``namespace`` when it is given) that finished at or after ``finished_since``,
+        latest finished first: how long a quota key's recent runs held their slot. The
+        default reads a :meth:`list_runs` listing."""
+        spans = [
+            (run.created_at, run.finished_at)
+            for run in self.list_runs(tag=tag, statuses=TERMINAL_STATUSES, namespace=namespace)
+            if run.created_at is not None
+            and run.finished_at is not None
+            and run.finished_at >= finished_since
+        ]
+        spans.sort(key=lambda span: span[1], reverse=True)
+        return spans[:limit]
+
     def delete_runs(self, run_ids: Collection[str]) -> list[str]:
         """Delete those of ``run_ids`` that have finished and whose whole ancestry has
         finished, with their tags and steps, in one transaction; return their ids. The

@@ -564,6 +564,52 @@ class StoreContract:
         assert store.quota_keys(["running"], None) == {"a": {"y": 1}}
         assert store.quota_keys(["completed"], None) == {"c": {"x": 1}}
 
+    def test_quota_holders_are_the_keys_runs_oldest_first(self, store: BaseStore) -> None:
+        now = timezone.now()
+        tag = quota_tag("k")
+        make(store, "run-b", RunStatus.RUNNING, tags=[tag], created_at=now - 2 * SECOND)
+        make(store, "run-c", tags=[tag], created_at=now - SECOND)
+        make(store, "run-a", RunStatus.SUSPENDED, tags=[tag], created_at=now - 3 * SECOND)
+        make(store, "run-d", RunStatus.COMPLETED, tags=[tag], created_at=now - HOUR)
+        make(store, "run-e", tags=[tag], namespace="blue", created_at=now - HOUR)
+        make(store, "run-f", tags=[quota_tag("K"), "k"], created_at=now - HOUR)
+        active = list(DEFAULT_CONCURRENCY_STATUSES)
+        holders = store.quota_holders(tag, active, "default")
+        assert [run.run_id for run in holders] == ["run-a", "run-b", "run-c"]
+        assert holders[0].created_at == now - 3 * SECOND
+        everywhere = store.quota_holders(tag, active, None)
+        assert [run.run_id for run in everywhere] == ["run-e", "run-a", "run-b", "run-c"]
+        assert [r.run_id for r in store.quota_holders(tag, ["running"], None)] == ["run-b"]
+
+    def test_finished_spans_are_the_latest_within_the_window(self, store: BaseStore) -> None:
+        now = timezone.now()
+        tag = quota_tag("k")
+        for n, status in enumerate(TERMINAL_STATUSES * 2):
+            ended = now - (n + 1) * SECOND
+            make(
+                store,
+                f"run-{n}",
+                status,
+                tags=[tag],
+                created_at=ended - (n + 10) * SECOND,
+                finished_at=ended,
+            )
+        make(store, "run-old", RunStatus.COMPLETED, tags=[tag], created_at=now - 3 * HOUR,
+             finished_at=now - 2 * HOUR)  # fmt: skip
+        make(store, "run-active", tags=[tag], created_at=now - HOUR)
+        make(store, "run-blue", RunStatus.COMPLETED, tags=[tag], namespace="blue",
+             created_at=now - 2 * SECOND, finished_at=now)  # fmt: skip
+        make(store, "run-other", RunStatus.COMPLETED, tags=[quota_tag("j")],
+             created_at=now - 2 * SECOND, finished_at=now)  # fmt: skip
+        spans = store.finished_spans(tag, "default", now - HOUR, 4)
+        assert [finished - created for created, finished in spans] == [
+            (n + 10) * SECOND for n in range(4)
+        ]
+        assert [finished for _, finished in spans] == [now - (n + 1) * SECOND for n in range(4)]
+        assert len(store.finished_spans(tag, "default", now - HOUR, 50)) == 6
+        assert len(store.finished_spans(tag, "default", now - 3 * HOUR, 50)) == 7
+        assert store.finished_spans(tag, None, now - HOUR, 1)[0][1] == now  # run-blue
+
     # deleting and purging ------------------------------------------------------------
 
     def test_deleting_a_run_takes_its_steps_and_tags(self, store: BaseStore) -> None:

@@ -528,6 +528,34 @@ class OrmStore(BaseStore):
             found.setdefault(tag[len(TAG_PREFIX) :], {})[workflow] = count
         return found
 
+    def quota_holders(
+        self, tag: str, statuses: Collection[str], namespace: str | None
+    ) -> list[RunRecord]:
+        """The key's holders: their tag rows found through the tag index, then their runs
+        by primary key, oldest first."""
+        tagged = RunTag.objects.using(self.using).filter(tag=tag, status__in=list(statuses))
+        if namespace is not None:
+            tagged = tagged.filter(namespace=namespace)
+        rows = self._runs().filter(pk__in=tagged.values("run_id"), status__in=list(statuses))
+        return [_record(row, []) for row in rows.order_by("created_at", "pk")]
+
+    def finished_spans(
+        self, tag: str, namespace: str | None, finished_since: datetime, limit: int
+    ) -> list[tuple[datetime, datetime]]:
+        """The key's finished tag rows found through the tag index, joined to their runs
+        for the times, the latest ``limit`` that finished since ``finished_since``."""
+        rows = RunTag.objects.using(self.using).filter(
+            tag=tag,
+            status__in=list(TERMINAL_STATUSES),
+            run__finished_at__gte=finished_since,
+        )
+        if namespace is not None:
+            rows = rows.filter(namespace=namespace)
+        found = rows.order_by("-run__finished_at").values_list(
+            "run__created_at", "run__finished_at"
+        )[:limit]
+        return [(created, finished) for created, finished in found if finished is not None]
+
     # signals ------------------------------------------------------------------------
 
     def send_signal(self, token: str, payload: Any) -> None:
