@@ -21,6 +21,9 @@ postgresql_only = pytest.mark.skipif(
 
 APP = "durable_django"
 FUNCTIONS_MIGRATION = (APP, "0002_postgresql_functions")
+#: Every migration installing functions; the last of them is the app's latest migration.
+FUNCTIONS_MIGRATIONS = [FUNCTIONS_MIGRATION, (APP, "0003_quota_weights")]
+LATEST = FUNCTIONS_MIGRATIONS[-1]
 
 
 def installed(schema: str) -> dict[str, str]:
@@ -81,18 +84,24 @@ def test_the_functions_migration_reverses_and_honours_the_routers():
     names = sorted(function_definitions())
     schema = current_schema()
     assert sorted(installed(schema)) == names
-    # Everything below is rolled back with the test's transaction.
+    # Everything below is rolled back with the test's transaction. A migration refused
+    # by the routers changes nothing, 0003's column included: a refused migration back
+    # is followed by a refused one forward, which brings the recorded state and the
+    # schema back in step.
     with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
         migrate((APP, "0001_initial"))
-    assert sorted(installed(schema)) == names  # refused: not dropped
-    migrate(FUNCTIONS_MIGRATION)
+        assert sorted(installed(schema)) == names  # refused: not dropped
+        migrate(LATEST)
     migrate((APP, "0001_initial"))
     assert installed(schema) == {}
     with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
-        migrate(FUNCTIONS_MIGRATION)
-    assert installed(schema) == {}  # refused: not installed
-    migrate((APP, "0001_initial"))
+        migrate(LATEST)
+        assert installed(schema) == {}  # refused: not installed
+        migrate((APP, "0001_initial"))
     migrate(FUNCTIONS_MIGRATION)
+    assert "durable_start_run_v1" in installed(schema)
+    assert "durable_start_run_v2" not in installed(schema)
+    migrate(LATEST)
     assert sorted(installed(schema)) == names
 
 
@@ -100,11 +109,13 @@ def test_the_functions_migration_reverses_and_honours_the_routers():
 @pytest.mark.django_db
 def test_sqlmigrate_shows_the_functions():
     out = io.StringIO()
-    call_command("sqlmigrate", *FUNCTIONS_MIGRATION, stdout=out)
+    for migration in FUNCTIONS_MIGRATIONS:
+        call_command("sqlmigrate", *migration, stdout=out)
     for definition in function_definitions().values():
         assert definition in out.getvalue()
     out = io.StringIO()
-    call_command("sqlmigrate", *FUNCTIONS_MIGRATION, backwards=True, stdout=out)
+    for migration in FUNCTIONS_MIGRATIONS:
+        call_command("sqlmigrate", *migration, backwards=True, stdout=out)
     for name in function_definitions():
         assert f'DROP FUNCTION IF EXISTS "{name}";' in out.getvalue()
 
@@ -113,7 +124,8 @@ def test_sqlmigrate_shows_the_functions():
 @pytest.mark.django_db(transaction=True)  # SQLite's schema editor works outside one only
 def test_other_databases_get_no_function():
     out = io.StringIO()
-    call_command("sqlmigrate", *FUNCTIONS_MIGRATION, stdout=out)
+    for migration in FUNCTIONS_MIGRATIONS:
+        call_command("sqlmigrate", *migration, stdout=out)
     assert "FUNCTION" not in out.getvalue()
 
 
