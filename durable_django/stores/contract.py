@@ -518,6 +518,9 @@ class StoreContract:
         with store.quota_locks(["k", "j", "k"]):
             store.create_run(new_run("run-2", tags=(quota_tag("j"),)))
         assert read(store, "run-2").status == RunStatus.PENDING
+        with store.quota_locks([]):  # no key: a transaction all the same
+            store.create_run(new_run("run-3"))
+        assert read(store, "run-3").status == RunStatus.PENDING
 
     # several quotas and weights ----------------------------------------------------
 

@@ -125,6 +125,10 @@ class OrmStore(BaseStore):
         """
         ordered = sorted(set(keys))
         connection = connections[self.using]
+        if not ordered:
+            with transaction.atomic(using=self.using):
+                yield
+            return
         if connection.vendor == "mysql":
             with self._row_lock(ordered):
                 yield
