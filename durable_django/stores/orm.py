@@ -6,9 +6,10 @@ Each operation takes one of two paths:
   ``stores/postgres/functions.sql``, installed by migrations 0002 and 0003: a start
   (``durable_start_run_v2``: the advisory lock of each quota key, the existing-run check,
   the weighted counts and the inserts), a claim that also returns the run and its
-  recorded steps (``durable_claim_run_v1``), a step's record with the check that the worker still holds
-  the run (``durable_record_held_step_v1``), and a status change of the run and its tags
-  together, with the turn's last record at the end of a turn (``durable_transition_v1``).
+  recorded steps (``durable_claim_run_v1``), a step's record with the check that the
+  worker still holds the run (``durable_record_held_step_v1``), and a status change of
+  the run and its tags together, with the turn's last record at the end of a turn
+  (``durable_transition_v1``).
   Each is one round trip, one statement for its caller, planned once per connection;
 - elsewhere (SQLite, MySQL/MariaDB), and for what no function covers (a step's record
   replacing a failed one, a claim or a transition setting other columns), the portable
