@@ -428,3 +428,40 @@ def test_a_schedule_without_a_quota_of_its_own_takes_the_workflows_list(orm_engi
     run_id = fire_now(orm_engine, own).run_id
     assert run_id is not None
     assert orm_engine.get_run(run_id).tags == ["concurrency:mine"]
+
+
+def test_the_command_and_the_quota_page_show_a_run_under_each_key(admin_client):
+    from django.urls import reverse
+
+    from durable_django import engine as default_engine
+
+    from .helpers import durable_json
+
+    definition = default_engine.register(
+        "tests.multikey",
+        "1",
+        echo,
+        concurrency=[
+            Concurrency(key=lambda i: f"team:{i['team']}", limit=4),
+            Concurrency(key=lambda i: "pool", limit=10, weight=lambda i: i["gpus"]),
+        ],
+    )
+    try:
+        default_engine.start("tests.multikey", {"team": "red", "gpus": 6})
+        default_engine.start("tests.multikey", {"team": "blue", "gpus": 4})
+        listed = {
+            row["key"]: (row["active"], row["limit"], row["full"]) for row in durable_json("quota")
+        }
+        assert listed == {
+            "pool": (10, 10, True),
+            "team:red": (1, 4, False),
+            "team:blue": (1, 4, False),
+        }
+        page = admin_client.get(reverse("admin:durable_django_run_quotas"))
+        rows = {
+            row["key"]: (row["active"], row["limit"], row["percent"])
+            for row in page.context["rows"]
+        }
+        assert rows == {"pool": (10, 10, 100), "team:red": (1, 4, 25), "team:blue": (1, 4, 25)}
+    finally:
+        default_engine.registry.remove(definition.name)
