@@ -1,6 +1,7 @@
-"""What a start costs: the plain start, the quota-checked start, and the quota-checked
-start on a key with a long finished history, side by side, against a plain view's insert
-and ``.delay()`` (on a kept and on a new connection) and Procrastinate's ``defer``.
+"""What a start costs: the plain start, the quota-checked start, the quota-checked
+start on a key with a long finished history, a start under three quotas and a weighted
+start, side by side, against a plain view's insert and ``.delay()`` (on a kept and on a
+new connection) and Procrastinate's ``defer``.
 
 Run from the repository root::
 
@@ -47,7 +48,20 @@ INPUT_SMALL = {"tenant": "small", "message": "hello"}
 INPUT_HISTORY = {"tenant": "history", "message": "hello"}
 HISTORY_TAG = "concurrency:bench:history"
 SMALL_TAG = "concurrency:bench:small"
-QUOTA_TAGS = [SMALL_TAG, HISTORY_TAG]
+#: The keys of the start under three quotas, and of the weighted start.
+MULTI_KEYS = ["bench:multi:tenant", "bench:multi:user", "bench:multi:gpu"]
+WEIGHTED_KEY = "bench:weighted"
+QUOTA_TAGS = [
+    SMALL_TAG,
+    HISTORY_TAG,
+    *(f"concurrency:{key}" for key in [*MULTI_KEYS, WEIGHTED_KEY]),
+]
+#: The start of the previous release, one call of ``durable_start_run_v1`` (one quota,
+#: unweighted), to compare the start of this one with.
+START_V1_SQL = (
+    "SELECT outcome, active, found_workflow, found_namespace FROM durable_start_run_v1("
+    "%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s, %s, %s, %s::text[], %s, %s)"
+)
 ACTIVE = ["pending", "running", "suspended", "blocked"]
 
 
@@ -179,7 +193,7 @@ def count_round_trips(start: Callable[[], object]) -> tuple[int, int]:
 
 
 def explain_count(history: int, start: Callable[[], object]) -> str:
-    """The plans ``durable_start_run_v1`` uses for the count during one start on the history
+    """The plans ``durable_start_run_v2`` uses for the count during one start on the history
     key, captured with ``auto_explain``; a plain EXPLAIN of the same statement without it."""
     from django.db import connection
     from django.db.utils import DatabaseError
@@ -222,9 +236,9 @@ def explain_count(history: int, start: Callable[[], object]) -> str:
             pgconn.remove_notice_handler(keep)
             with connection.cursor() as cursor:
                 cursor.execute("SET auto_explain.log_min_duration = -1")
-        out.append("-- as run inside durable_start_run_v1 by one start (auto_explain):")
+        out.append("-- as run inside durable_start_run_v2 by one start (auto_explain):")
         for notice in notices:
-            if "FROM durable_run_tag t" in notice and "count(*)" in notice:
+            if "FROM durable_run_tag t" in notice and "sum(counted.weight)" in notice:
                 lines = notice.splitlines()
                 plan = lines[lines.index(next(x for x in lines if x.startswith("Aggregate"))) :]
                 out.append(lines[0].strip())
@@ -337,10 +351,45 @@ def main() -> None:
 
     registry = Registry()
     quota = Concurrency(key=tenant_key, limit=1_000_000)
+    three = [Concurrency(key=lambda i, key=key: key, limit=1_000_000) for key in MULTI_KEYS]
+    weighted = Concurrency(key=lambda i: WEIGHTED_KEY, limit=1_000_000, weight=lambda i: 3)
 
-    def engine(*, fast_path: bool = True, enqueue: bool = True) -> Engine:
+    class PreviousStart(OrmStore):
+        """The start of the previous release: ``durable_start_run_v1``, one quota."""
+
+        def _start_on_postgresql(self, run, quotas, check_existing, read_namespace):
+            import json
+
+            from django.core.serializers.json import DjangoJSONEncoder
+
+            from durable_django.records import StartOutcome
+
+            (quota,) = quotas
+            params = (
+                run.run_id,
+                check_existing,
+                run.workflow,
+                run.version,
+                run.namespace,
+                json.dumps(run.input, cls=DjangoJSONEncoder),
+                list(run.tags),
+                run.queue,
+                run.parent_id,
+                run.attempt,
+                quota.key,
+                list(quota.count_statuses),
+                quota.limit,
+                read_namespace,
+            )
+            with connection.cursor() as cursor:
+                cursor.execute(START_V1_SQL, params)
+                outcome, _, _, _ = cursor.fetchone()
+            assert outcome == "created", outcome
+            return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+
+    def engine(*, fast_path: bool = True, enqueue: bool = True, store=None) -> Engine:
         return Engine(
-            store=OrmStore(fast_path=fast_path),
+            store=store or OrmStore(fast_path=fast_path),
             namespace="default",
             scope_reads=False,
             queue=QUEUE,
@@ -352,8 +401,11 @@ def main() -> None:
     celery_send = CelerySendEngine(
         store=OrmStore(), namespace="default", scope_reads=False, queue=QUEUE, registry=registry
     )
+    previous = engine(store=PreviousStart())
     fast.register("bench.plain", "1", noop, tags=["bench"])
     fast.register("bench.quota", "1", noop, concurrency=quota)
+    fast.register("bench.three", "1", noop, concurrency=three)
+    fast.register("bench.weighted", "1", noop, concurrency=weighted)
 
     def raw_orm() -> None:
         run_id = uuid.uuid4().hex
@@ -415,11 +467,23 @@ def main() -> None:
         "c": Variant(
             "c  start, quota, 1M-history key", lambda: fast.start("bench.quota", INPUT_HISTORY)
         ),
+        "m": Variant("m  start, 3 quotas", lambda: fast.start("bench.three", INPUT_SMALL)),
+        "w": Variant(
+            "w  start, quota, weight 3", lambda: fast.start("bench.weighted", INPUT_SMALL)
+        ),
+        "b1": Variant(
+            "b1 start, quota, previous function",
+            lambda: previous.start("bench.quota", INPUT_SMALL),
+        ),
         "pa": Variant("   portable: no quota", lambda: portable.start("bench.plain", INPUT_SMALL)),
         "pb": Variant("   portable: quota", lambda: portable.start("bench.quota", INPUT_SMALL)),
         "pc": Variant(
             "   portable: quota, 1M history",
             lambda: portable.start("bench.quota", INPUT_HISTORY),
+        ),
+        "pm": Variant("   portable: 3 quotas", lambda: portable.start("bench.three", INPUT_SMALL)),
+        "pw": Variant(
+            "   portable: quota, weight 3", lambda: portable.start("bench.weighted", INPUT_SMALL)
         ),
         "raw": Variant("   raw ORM: Run + RunTag + publish", raw_orm),
         "bt": Variant(
@@ -543,8 +607,13 @@ def main() -> None:
         ("bF", "viewF", "<= 1.15"),
         ("pub", "lean", None),
         ("bt", "b", None),
+        ("m", "b", "<= 1.3"),
+        ("w", "b", "<= 1.05"),
+        ("b", "b1", "<= 1.05"),
         ("pb", "pa", None),
         ("pc", "pb", None),
+        ("pm", "pb", None),
+        ("pw", "pb", None),
         ("nb", "na", None),
         ("nc", "nb", None),
         ("a", "raw", None),

@@ -235,23 +235,21 @@ def quota_warnings(definitions: Iterable[WorkflowDefinition]) -> list[checks.Che
     """
     messages: list[checks.CheckMessage] = []
     for definition in definitions:
-        concurrency = definition.concurrency
-        if concurrency is None:
-            continue
         where = f"workflow {definition.name!r} version {definition.version!r}"
-        limit = concurrency.limit
-        if isinstance(limit, int) and not isinstance(limit, bool) and limit <= 0:
-            messages.append(
-                checks.Warning(
-                    f"{where} declares concurrency limit {limit}: every start is refused",
-                    hint=(
-                        "Give a positive limit, or no concurrency= at all for starts "
-                        "without a quota."
-                    ),
-                    obj=definition.name,
-                    id="durable_django.W004",
+        for concurrency in definition.concurrency:
+            limit = concurrency.limit
+            if isinstance(limit, int) and not isinstance(limit, bool) and limit <= 0:
+                messages.append(
+                    checks.Warning(
+                        f"{where} declares concurrency limit {limit}: every start is refused",
+                        hint=(
+                            "Give a positive limit, or no concurrency= at all for starts "
+                            "without a quota."
+                        ),
+                        obj=definition.name,
+                        id="durable_django.W004",
+                    )
                 )
-            )
     return messages
 
 

@@ -219,9 +219,10 @@ class Engine:
         """Create a run and enqueue its execution once the transaction commits.
 
         ``run_id`` is an idempotency key: re-starting it returns the existing run
-        (``handle.created`` is False) and is never refused. ``concurrency`` replaces the
-        workflow's quota for this start. Raises :class:`ConcurrencyLimitError` when the
-        quota is full; then nothing is created and nothing is sent. The steps are
+        (``handle.created`` is False) and is never refused. ``concurrency`` (one quota or a
+        list) replaces the workflow's quotas for this start. Raises
+        :class:`ConcurrencyLimitError` for the first quota, in the list's order, that is
+        full; then nothing is created and nothing is sent. The steps are
         :mod:`durable_django.starting`'s.
         """
         return starting.start(

@@ -54,7 +54,8 @@ READ_FAILED = "read failed"
 @dataclass(frozen=True, slots=True)
 class Holder:
     """A run holding a quota key: its id, workflow and status, when it was created and
-    (last) started, and its ``age`` in seconds since created."""
+    (last) started, its ``age`` in seconds since created, and the ``units`` of the key it
+    occupies (its weight under the key's quota)."""
 
     run_id: str
     workflow: str
@@ -62,6 +63,7 @@ class Holder:
     created_at: datetime.datetime | None
     started_at: datetime.datetime | None
     age: float
+    units: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +82,8 @@ class Estimate:
 
 
 def units(holder: Holder) -> int:
-    """The slots one holder occupies: the one place a weighted quota changes."""
-    return 1
+    """The units of its key one holder occupies (its weight, 1 unless weighted)."""
+    return holder.units
 
 
 def holders(
@@ -93,13 +95,22 @@ def holders(
     """The runs holding ``key`` (in ``statuses``, in the engine's read namespace), oldest
     first."""
     now = now or timezone.now()
-    runs = engine.store.quota_holders(quota_tag(key), statuses, engine.read_namespace)
-    return [_holder(run, now) for run in runs]
+    tag = quota_tag(key)
+    runs = engine.store.quota_holders(tag, statuses, engine.read_namespace)
+    return [_holder(run, tag, now) for run in runs]
 
 
-def _holder(run: RunRecord, now: datetime.datetime) -> Holder:
+def _holder(run: RunRecord, tag: str, now: datetime.datetime) -> Holder:
     age = (now - run.created_at).total_seconds() if run.created_at else 0.0
-    return Holder(run.run_id, run.workflow, run.status, run.created_at, run.started_at, age)
+    return Holder(
+        run.run_id,
+        run.workflow,
+        run.status,
+        run.created_at,
+        run.started_at,
+        age,
+        run.weights.get(tag, 1),
+    )
 
 
 def durations(engine: Engine, key: str, now: datetime.datetime | None = None) -> list[float]:
@@ -145,8 +156,10 @@ def estimate(
     limit: int,
     statuses: Collection[str] = DEFAULT_CONCURRENCY_STATUSES,
     now: datetime.datetime | None = None,
+    needed: int = 1,
 ) -> Estimate:
-    """When a start under ``key`` (``limit``) likely fits: two reads, no writes. A read
+    """When a start weighing ``needed`` units under ``key`` (``limit``) likely fits: two
+    reads, no writes. A read
     that fails gives the default, with ``basis="read failed"``; it never raises."""
     now = now or timezone.now()
     try:
@@ -159,7 +172,7 @@ def estimate(
     oldest = held[0].age if held else None
     if not recorded:
         return Estimate(DEFAULT_RETRY_AFTER, NO_HISTORY, oldest_age=oldest)
-    seconds = soonest_free(held, recorded, limit)
+    seconds = soonest_free(held, recorded, limit, needed)
     return Estimate(
         round(max(DEFAULT_RETRY_AFTER, seconds), 3),
         HISTORY,
@@ -181,10 +194,13 @@ def explain(
     engine: Engine,
     error: ConcurrencyLimitError,
     statuses: Collection[str] = DEFAULT_CONCURRENCY_STATUSES,
+    *,
+    needed: int = 1,
 ) -> None:
-    """Give a refusal its ``retry_after``, ``estimate`` and engine (for ``holders()``)."""
+    """Give a refusal its ``retry_after``, ``estimate`` and engine (for ``holders()``);
+    ``needed`` is the refused start's weight under the key."""
     error.engine = engine
-    error.estimate = estimate(engine, error.key, error.limit, statuses)
+    error.estimate = estimate(engine, error.key, error.limit, statuses, needed=needed)
     error.retry_after = error.estimate.seconds
 
 

@@ -100,6 +100,18 @@ class Report(BaseWorkflow):
         return ctx.child(total, {"a": 1}, concurrency={"key": "child", "limit": 1})
 
 
+@workflow(
+    name="typing.turn",
+    concurrency=[
+        Concurrency(key=lambda i: f"tenant:{i['tenant']}", limit=lambda key: 8),
+        Concurrency(key=lambda i: "gpu", limit=10, weight=lambda i: int(i["gpus"])),
+        {"key": lambda i: f"user:{i['user']}", "limit": 2},
+    ],
+)
+def turn(ctx: Context, input: Any) -> Any:
+    return None
+
+
 def declared() -> None:
     # A function becomes a Workflow; a class stays itself, with its start methods.
     assert_type(total, Workflow)
@@ -110,6 +122,10 @@ def declared() -> None:
 def starts(engine: Engine) -> None:
     assert_type(total.dispatch({"a": 1}, run_id="r1", tags=["t"]), RunHandle)
     assert_type(Report.dispatch(None, concurrency=Concurrency("k", 3)), RunHandle)
+    assert_type(
+        turn.dispatch(None, concurrency=[Concurrency("k", 3, weight=2), {"key": "u", "limit": 1}]),
+        RunHandle,
+    )
     assert_type(engine.start("typing.total", {"a": 1}, namespace="n"), RunHandle)
     assert_type(durable_django.engine, Engine)
     assert_type(engine.retry("r1"), RunHandle)
@@ -134,6 +150,7 @@ def misuses(engine: Engine) -> None:
     engine.start("typing.total", {"a": 1}, queue="fast")  # type: ignore[call-arg]
     total.dispatch({"a": 1}, run_id=1)  # type: ignore[arg-type]
     Concurrency("k", limit="8")  # type: ignore[arg-type]
+    Concurrency("k", limit=8, weight="2")  # type: ignore[arg-type]
     workflow(name="typing.none")(42)  # type: ignore[call-overload]
 
 

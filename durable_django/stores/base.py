@@ -23,8 +23,8 @@ store runs against itself.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Collection
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +46,9 @@ __all__ = [
     "StepRecord",
     "Store",
     "check_quota",
+    "check_quotas",
     "existing_outcome",
+    "quota_list",
     "quota_transaction",
 ]
 
@@ -150,9 +152,10 @@ class BaseStore(abc.ABC):
         """Delete the run's recorded step failures, so a retry executes them again."""
 
     @abc.abstractmethod
-    def set_quota_tag(self, run_id: str, tag: str | None) -> None:
-        """Replace the run's ``concurrency:`` tag with ``tag`` (or none); its other tags
-        stay, and the new tag counts with the run's current status."""
+    def set_quota_tags(self, run_id: str, weights: Mapping[str, int]) -> None:
+        """Replace the run's ``concurrency:`` tags with those of ``weights`` (``{tag:
+        units}``; empty: none), each weighing its units; its other tags stay, and the new
+        tags count with the run's current status."""
 
     @abc.abstractmethod
     def send_signal(self, token: str, payload: Any) -> None:
@@ -191,6 +194,20 @@ class BaseStore(abc.ABC):
         starters overrides it."""
         return self.atomic()
 
+    @contextmanager
+    def quota_locks(self, keys: Collection[str]) -> Iterator[None]:
+        """One transaction holding the lock of every key of ``keys`` (:meth:`quota_lock`),
+        taken in one order, the keys' code point order (their UTF-8 byte order), so that
+        two starters of overlapping keys never wait on each other in a cycle.
+
+        The default nests :meth:`quota_lock` for each key in that order (nested
+        transactions join the first one)."""
+        with ExitStack() as stack:
+            stack.enter_context(self.atomic())
+            for key in sorted(set(keys)):
+                stack.enter_context(self.quota_lock(key))
+            yield
+
     def count_runs(
         self,
         *,
@@ -202,43 +219,63 @@ class BaseStore(abc.ABC):
         :meth:`list_runs` listing, which loads every matching run."""
         return len(self.list_runs(tag=tag, statuses=statuses, namespace=namespace))
 
+    def quota_units(self, quotas: Sequence[Quota], namespace: str | None) -> list[int]:
+        """The units each quota's key holds: the sum of the weights of the runs carrying
+        its tag in its ``count_statuses`` (in ``namespace`` when given), one number per
+        quota, in their order. A run weighs 1 on a tag unless its ``weights`` say more.
+        The default reads a :meth:`list_runs` listing per quota."""
+        return [
+            sum(
+                run.weights.get(quota.tag, 1)
+                for run in self.list_runs(
+                    tag=quota.tag, statuses=quota.count_statuses, namespace=namespace
+                )
+            )
+            for quota in quotas
+        ]
+
     def start_run(
         self,
         run: NewRun,
-        quota: Quota | None,
+        quotas: Quota | Sequence[Quota] | None,
         *,
         check_existing: bool,
         read_namespace: str | None,
     ) -> StartOutcome:
-        """Start ``run`` in one transaction under ``quota``'s lock.
+        """Start ``run`` in one transaction holding the lock of every key of ``quotas``
+        (one quota, a list of them with distinct keys, or none).
 
         The order is the contract: with ``check_existing``, an existing run with this id
-        is returned and never refused (:func:`existing_outcome`); then ``quota``'s active
-        runs are counted (in ``read_namespace`` when it is given) and
-        :class:`~durable_django.ConcurrencyLimitError` raised, creating nothing, when they
-        reach its limit; then the run is created."""
-        with quota_transaction(self, quota):
+        is returned and never refused (:func:`existing_outcome`); then each quota's key is
+        counted in units (:meth:`quota_units`, in ``read_namespace`` when it is given) and
+        :class:`~durable_django.ConcurrencyLimitError` raised for the first quota, in the
+        order given, whose units and the run's weight would exceed its limit, creating
+        nothing; then the run is created, its quota tags weighing ``run.weights``."""
+        quotas = quota_list(quotas)
+        with quota_transaction(self, quotas):
             if check_existing:
                 existing = self.get_run(run.run_id)
                 if existing is not None:
                     return existing_outcome(
                         run, existing.workflow, existing.namespace, read_namespace
                     )
-            if quota is not None:
-                check_quota(self, quota, run.workflow, read_namespace)
+            check_quotas(self, quotas, run.workflow, read_namespace)
             self.create_run(run)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
 
-    def retry_run(self, run: RunRecord, quota: Quota | None, *, read_namespace: str | None) -> None:
-        """A retry's part of the start path, in one transaction under ``quota``'s lock, as
-        :meth:`start_run`'s: count the key's active runs
-        (:class:`~durable_django.ConcurrencyLimitError` at the limit, nothing changed), then,
-        in place of the insert, make the failed ``run`` pending again as its next attempt,
-        forget its failed steps and give it the quota's tag (or none). Raises
-        :class:`~durable_django.DurableError` when the run is no longer failed."""
-        with quota_transaction(self, quota):
-            if quota is not None:
-                check_quota(self, quota, run.workflow, read_namespace)
+    def retry_run(
+        self, run: RunRecord, quotas: Quota | Sequence[Quota] | None, *, read_namespace: str | None
+    ) -> None:
+        """A retry's part of the start path, in one transaction under the lock of every
+        key of ``quotas``, as :meth:`start_run`'s: count each key's units
+        (:class:`~durable_django.ConcurrencyLimitError` for the first quota over its limit,
+        nothing changed), then, in place of the insert, make the failed ``run`` pending
+        again as its next attempt, forget its failed steps and give it the quotas' tags,
+        with their weights (or none). Raises :class:`~durable_django.DurableError` when
+        the run is no longer failed."""
+        quotas = quota_list(quotas)
+        with quota_transaction(self, quotas):
+            check_quotas(self, quotas, run.workflow, read_namespace)
             restarted = self.transition(
                 run.run_id,
                 ["failed"],
@@ -253,7 +290,7 @@ class BaseStore(abc.ABC):
             if not restarted:
                 raise DurableError(f"run {run.run_id!r} changed while it was being retried")
             self.forget_failed_steps(run.run_id)
-            self.set_quota_tag(run.run_id, quota.tag if quota else None)
+            self.set_quota_tags(run.run_id, {quota.tag: quota.weight for quota in quotas})
 
     def claim_run(self, run_id: str, **fields: Any) -> tuple[RunRecord, list[StepRecord]] | None:
         """A turn's claim: move a pending run to running with ``fields``, and return it and
@@ -301,22 +338,24 @@ class BaseStore(abc.ABC):
     def quota_keys(
         self, statuses: Collection[str], namespace: str | None
     ) -> dict[str, dict[str, int]]:
-        """``{key: {workflow: runs}}`` for the quota keys holding runs in ``statuses`` (in
-        ``namespace`` when it is given). The default reads a :meth:`list_runs` listing."""
+        """``{key: {workflow: units}}`` for the quota keys holding runs in ``statuses`` (in
+        ``namespace`` when it is given): the sum of the weights of those runs (their count,
+        when each weighs 1). The default reads a :meth:`list_runs` listing."""
         found: dict[str, dict[str, int]] = {}
         for run in self.list_runs(statuses=statuses, namespace=namespace):
             for tag in run.tags:
                 if tag.startswith(TAG_PREFIX):
                     by_workflow = found.setdefault(tag[len(TAG_PREFIX) :], {})
-                    by_workflow[run.workflow] = by_workflow.get(run.workflow, 0) + 1
+                    units = run.weights.get(tag, 1)
+                    by_workflow[run.workflow] = by_workflow.get(run.workflow, 0) + units
         return found
 
     def quota_holders(
         self, tag: str, statuses: Collection[str], namespace: str | None
     ) -> list[RunRecord]:
         """The runs carrying ``tag`` in ``statuses`` (in ``namespace`` when it is given),
-        oldest first (earliest created first): the runs holding a quota key. The default
-        reads a :meth:`list_runs` listing."""
+        oldest first (earliest created first): the runs holding a quota key, with their
+        weights. The default reads a :meth:`list_runs` listing."""
         runs = self.list_runs(tag=tag, statuses=statuses, namespace=namespace)[::-1]
         return sorted(runs, key=lambda run: (run.created_at is None, run.created_at))
 
@@ -417,18 +456,44 @@ def is_holders_check(
     return owner is not None and not fields and set(from_statuses) == {status} == {"running"}
 
 
-def quota_transaction(store: BaseStore, quota: Quota | None) -> AbstractContextManager[Any]:
-    """A transaction that holds ``quota``'s key lock (just a transaction without a quota)."""
-    return store.atomic() if quota is None else store.quota_lock(quota.key)
+def quota_list(quotas: Quota | Sequence[Quota] | None) -> tuple[Quota, ...]:
+    """``quotas`` as a tuple: one quota, a list of them, or none."""
+    if quotas is None:
+        return ()
+    if isinstance(quotas, Quota):
+        return (quotas,)
+    return tuple(quotas)
+
+
+def quota_transaction(
+    store: BaseStore, quotas: Quota | Sequence[Quota] | None
+) -> AbstractContextManager[Any]:
+    """A transaction that holds the lock of every key of ``quotas`` (just a transaction
+    without a quota; :meth:`BaseStore.quota_lock` for one)."""
+    quotas = quota_list(quotas)
+    if not quotas:
+        return store.atomic()
+    if len(quotas) == 1:
+        return store.quota_lock(quotas[0].key)
+    return store.quota_locks([quota.key for quota in quotas])
+
+
+def check_quotas(
+    store: BaseStore, quotas: Sequence[Quota], workflow: str, read_namespace: str | None
+) -> None:
+    """Raise :class:`ConcurrencyLimitError` for the first of ``quotas`` whose key's units
+    and the run's weight would exceed its limit."""
+    if not quotas:
+        return
+    units = store.quota_units(quotas, read_namespace)
+    for quota, active in zip(quotas, units, strict=True):
+        if active + quota.weight > quota.limit:
+            raise ConcurrencyLimitError(workflow, quota.key, quota.limit, active)
 
 
 def check_quota(store: BaseStore, quota: Quota, workflow: str, read_namespace: str | None) -> None:
-    """Raise :class:`ConcurrencyLimitError` when ``quota``'s key holds ``limit`` runs."""
-    active = store.count_runs(
-        tag=quota.tag, statuses=quota.count_statuses, namespace=read_namespace
-    )
-    if active >= quota.limit:
-        raise ConcurrencyLimitError(workflow, quota.key, quota.limit, active)
+    """:func:`check_quotas` for one quota."""
+    check_quotas(store, (quota,), workflow, read_namespace)
 
 
 def existing_outcome(

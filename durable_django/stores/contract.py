@@ -45,23 +45,35 @@ def new_run(run_id: str, workflow: str = "wf", **fields: Any) -> NewRun:
     return NewRun(run_id=run_id, workflow=workflow, version="1", **fields)
 
 
-def quota(key: str, limit: int, statuses: tuple[str, ...] = DEFAULT_CONCURRENCY_STATUSES) -> Quota:
+def quota(
+    key: str,
+    limit: int,
+    statuses: tuple[str, ...] = DEFAULT_CONCURRENCY_STATUSES,
+    weight: int = 1,
+) -> Quota:
     """A quota on ``key``."""
-    return Quota(key=key, limit=limit, count_statuses=statuses)
+    return Quota(key=key, limit=limit, count_statuses=statuses, weight=weight)
 
 
 def start(
     store: BaseStore,
     run: NewRun,
-    under: Quota | None = None,
+    under: Quota | list[Quota] | None = None,
     *,
     check_existing: bool = True,
     read_namespace: str | None = None,
 ) -> StartOutcome:
-    """``store.start_run`` with the run carrying its quota's tag, as the engine makes it."""
-    if under is not None and under.tag not in run.tags:
-        run = dataclasses.replace(run, tags=(*run.tags, under.tag))
-    return store.start_run(run, under, check_existing=check_existing, read_namespace=read_namespace)
+    """``store.start_run`` with the run carrying its quotas' tags and weights, as the
+    engine makes it."""
+    quotas = [] if under is None else [under] if isinstance(under, Quota) else under
+    run = dataclasses.replace(
+        run,
+        tags=tuple(dict.fromkeys((*run.tags, *(q.tag for q in quotas)))),
+        weights={q.tag: q.weight for q in quotas if q.weight != 1},
+    )
+    return store.start_run(
+        run, quotas, check_existing=check_existing, read_namespace=read_namespace
+    )
 
 
 def make(
@@ -333,18 +345,26 @@ class StoreContract:
 
     # the quota tag ------------------------------------------------------------------
 
-    def test_set_quota_tag_replaces_the_quota_tag_only(self, store: BaseStore) -> None:
+    def test_set_quota_tags_replaces_the_quota_tags_only(self, store: BaseStore) -> None:
         make(store, "run-1", RunStatus.RUNNING, tags=["user", "CONCURRENCY:x", quota_tag("a")])
-        store.set_quota_tag("run-1", quota_tag("b"))
+        store.set_quota_tags("run-1", {quota_tag("b"): 1})
         assert read(store, "run-1").tags == sorted(["user", "CONCURRENCY:x", quota_tag("b")])
         assert store.count_runs(tag=quota_tag("a")) == 0
         # The new tag counts with the run's status.
         assert store.count_runs(tag=quota_tag("b"), statuses=[RunStatus.RUNNING]) == 1
         assert store.count_runs(tag=quota_tag("b"), statuses=[RunStatus.PENDING]) == 0
-        store.set_quota_tag("run-1", quota_tag("b"))  # the same tag again: unchanged
+        store.set_quota_tags("run-1", {quota_tag("b"): 1})  # the same tag again: unchanged
         assert store.count_runs(tag=quota_tag("b"), statuses=[RunStatus.RUNNING]) == 1
-        store.set_quota_tag("run-1", None)
+        # Several tags, with their weights; a kept tag takes its new weight.
+        store.set_quota_tags("run-1", {quota_tag("b"): 3, quota_tag("c"): 2})
+        run = read(store, "run-1")
+        assert run.tags == sorted(["user", "CONCURRENCY:x", quota_tag("b"), quota_tag("c")])
+        assert run.weights == {quota_tag("b"): 3, quota_tag("c"): 2}
+        running = (RunStatus.RUNNING,)
+        assert store.quota_units([quota("b", 9, running), quota("c", 9, running)], None) == [3, 2]
+        store.set_quota_tags("run-1", {})
         assert read(store, "run-1").tags == ["CONCURRENCY:x", "user"]
+        assert read(store, "run-1").weights == {}
         assert store.count_runs(tag=quota_tag("b")) == 0
 
     # signals ------------------------------------------------------------------------
@@ -495,6 +515,97 @@ class StoreContract:
             store.create_run(new_run("run-1", tags=(quota_tag("k"),)))
             assert store.count_runs(tag=quota_tag("k")) == 1
         assert read(store, "run-1").status == RunStatus.PENDING
+        with store.quota_locks(["k", "j", "k"]):
+            store.create_run(new_run("run-2", tags=(quota_tag("j"),)))
+        assert read(store, "run-2").status == RunStatus.PENDING
+        with store.quota_locks([]):  # no key: a transaction all the same
+            store.create_run(new_run("run-3"))
+        assert read(store, "run-3").status == RunStatus.PENDING
+
+    # several quotas and weights ----------------------------------------------------
+
+    def test_a_start_under_several_quotas_needs_every_one(self, store: BaseStore) -> None:
+        tenant, user = quota("tenant:acme", 3), quota("user:ann", 1)
+        outcome = start(store, new_run("run-1"), [tenant, user])
+        assert outcome.created
+        assert read(store, "run-1").tags == sorted([tenant.tag, user.tag])
+        # The user's quota is full: refused, though the tenant's has room.
+        with pytest.raises(ConcurrencyLimitError) as refused:
+            start(store, new_run("run-2"), [tenant, user])
+        error = refused.value
+        assert (error.key, error.limit, error.active) == ("user:ann", 1, 1)
+        assert store.get_run("run-2") is None
+        assert store.count_runs(tag=tenant.tag) == 1
+        # Another user of the tenant gets in; then the tenant is full, named first.
+        start(store, new_run("run-3"), [tenant, quota("user:bob", 1)])
+        start(store, new_run("run-4"), [tenant, quota("user:cy", 1)])
+        with pytest.raises(ConcurrencyLimitError) as full:
+            start(store, new_run("run-5"), [tenant, quota("user:dee", 1)])
+        assert (full.value.key, full.value.active) == ("tenant:acme", 3)
+        assert store.get_run("run-5") is None
+        assert store.count_runs(tag=quota_tag("user:dee")) == 0
+        # Every refusing quota: the first in the order given is named.
+        with pytest.raises(ConcurrencyLimitError) as both:
+            start(store, new_run("run-6"), [user, tenant])
+        assert both.value.key == "user:ann"
+        # A slot frees on each of the run's keys when it ends.
+        store.transition("run-1", RunStatus.values, RunStatus.COMPLETED)
+        assert start(store, new_run("run-6"), [tenant, user]).created
+
+    def test_a_run_occupies_its_weight(self, store: BaseStore) -> None:
+        gpu = quota("gpu", 10, weight=4)
+        start(store, new_run("run-1"), gpu)
+        start(store, new_run("run-2"), gpu)
+        assert read(store, "run-1").weights == {gpu.tag: 4}
+        assert store.quota_units([gpu], None) == [8]
+        # 8 units held, 4 more would make 12: refused, in units.
+        with pytest.raises(ConcurrencyLimitError) as refused:
+            start(store, new_run("run-3"), gpu)
+        assert (refused.value.active, refused.value.limit) == (8, 10)
+        assert store.get_run("run-3") is None
+        # 2 units fit exactly; then the key is full even for 1.
+        assert start(store, new_run("run-3"), quota("gpu", 10, weight=2)).created
+        with pytest.raises(ConcurrencyLimitError) as full:
+            start(store, new_run("run-4"), quota("gpu", 10))
+        assert full.value.active == 10
+        # Weighted runs count in their statuses only, and free their units when they end.
+        store.transition("run-1", RunStatus.values, RunStatus.SUSPENDED)
+        assert store.quota_units([quota("gpu", 10, (RunStatus.PENDING,))], None) == [6]
+        store.transition("run-1", RunStatus.values, RunStatus.FAILED)
+        assert store.quota_units([quota("gpu", 10)], None) == [6]
+        assert start(store, new_run("run-4"), quota("gpu", 10, weight=4)).created
+        # A weight larger than the limit is refused, whatever the key holds.
+        with pytest.raises(ConcurrencyLimitError):
+            start(store, new_run("run-5"), quota("other", 3, weight=4))
+
+    def test_several_weighted_quotas_count_each_key_in_its_namespace(
+        self, store: BaseStore
+    ) -> None:
+        a, b = quota("a", 5, weight=2), quota("b", 4, weight=3)
+        start(store, new_run("blue-1", namespace="blue"), [a, b])
+        start(store, new_run("green-1", namespace="green"), [quota("a", 5, weight=2)])
+        assert store.quota_units([a, b], None) == [4, 3]
+        assert store.quota_units([a, b], "blue") == [2, 3]
+        with pytest.raises(ConcurrencyLimitError) as refused:
+            start(store, new_run("blue-2", namespace="blue"), [a, b], read_namespace="blue")
+        assert (refused.value.key, refused.value.active) == ("b", 3)
+        assert start(store, new_run("blue-2", namespace="blue"), [a], read_namespace="blue")
+        with pytest.raises(ConcurrencyLimitError) as full:
+            start(store, new_run("blue-3"), [a])
+        assert (full.value.key, full.value.active) == ("a", 6)
+
+    def test_a_retry_takes_every_quota_and_its_weight(self, store: BaseStore) -> None:
+        make(store, "run-1", RunStatus.FAILED, tags=[quota_tag("old")])
+        start(store, new_run("run-2"), quota("b", 3, weight=2))
+        failed = read(store, "run-1")
+        with pytest.raises(ConcurrencyLimitError) as refused:
+            store.retry_run(failed, [quota("a", 5), quota("b", 3, weight=2)], read_namespace=None)
+        assert (refused.value.key, refused.value.active) == ("b", 2)
+        assert read(store, "run-1").status == RunStatus.FAILED
+        store.retry_run(failed, [quota("a", 5), quota("b", 4, weight=2)], read_namespace=None)
+        run = read(store, "run-1")
+        assert (run.status, run.tags) == (RunStatus.PENDING, [quota_tag("a"), quota_tag("b")])
+        assert store.quota_units([quota("a", 5), quota("b", 4)], None) == [1, 4]
 
     # a turn (claim_run, record_held_step, end_turn) ------------------------------------
 
