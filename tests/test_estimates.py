@@ -131,6 +131,36 @@ def test_holders_are_read_with_two_indexed_queries(registry):
     assert all("durable_run_tag" in sql and "tag" in sql for sql in selects)
 
 
+def test_a_weighted_refusal_waits_for_enough_units_to_free(engine: Engine):
+    engine.register(
+        "chat.turn",
+        "1",
+        echo,
+        concurrency={
+            "key": lambda i: i["key"],
+            "limit": 4,
+            "weight": lambda i: i.get("units", 1),
+        },
+    )
+    for _ in range(5):
+        finished(engine, "gpu", 10)
+    light = engine.start("chat.turn", {"key": "gpu", "units": 1}).run_id
+    force_status(engine, light, RunStatus.PENDING, created_at=ago(7))  # 3 s left
+    heavy = engine.start("chat.turn", {"key": "gpu", "units": 2}).run_id
+    force_status(engine, heavy, RunStatus.PENDING, created_at=ago(4))  # 6 s left
+    assert [h.units for h in engine.quota_holders("gpu")] == [1, 2]
+
+    with pytest.raises(ConcurrencyLimitError) as caught:  # 3 + 2 > 4: one unit must free
+        engine.start("chat.turn", {"key": "gpu", "units": 2})
+    assert (caught.value.active, caught.value.limit) == (3, 4)
+    assert 2.0 < caught.value.retry_after <= 3.0  # the light holder's end is enough
+
+    with pytest.raises(ConcurrencyLimitError) as caught:  # 3 + 4 > 4: three units must free
+        engine.start("chat.turn", {"key": "gpu", "units": 4})
+    assert 5.0 < caught.value.retry_after <= 6.0  # both holders must end
+    assert engine.count_runs(tag="concurrency:gpu") == 7  # nothing created
+
+
 # the estimate ------------------------------------------------------------------------
 
 

@@ -38,7 +38,7 @@ from django.core.checks import CheckMessage
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import JSONField, Q, QuerySet, Sum
+from django.db.models import JSONField, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
 from ..concurrency import Quota
@@ -606,14 +606,10 @@ class OrmStore(BaseStore):
         tagged = RunTag.objects.using(self.using).filter(tag=tag, status__in=list(statuses))
         if namespace is not None:
             tagged = tagged.filter(namespace=namespace)
-        weights = dict(tagged.values_list("run_id", "weight"))
-        rows = self._runs().filter(pk__in=list(weights), status__in=list(statuses))
-        return [
-            dataclasses.replace(
-                _record(row, [tag]), weights={tag: weights[row.pk]} if weights[row.pk] != 1 else {}
-            )
-            for row in rows.order_by("created_at", "pk")
-        ]
+        weight = tagged.filter(run_id=OuterRef("pk")).values("weight")[:1]
+        rows = self._runs().filter(pk__in=tagged.values("run_id"), status__in=list(statuses))
+        rows = rows.annotate(key_weight=Subquery(weight))
+        return [_holder_record(row, tag) for row in rows.order_by("created_at", "pk")]
 
     def finished_spans(
         self, tag: str, namespace: str | None, finished_since: datetime, limit: int
@@ -871,6 +867,12 @@ def _step_json(step: StepRecord, connection: BaseDatabaseWrapper) -> tuple[Any, 
         Step._meta.get_field("result").get_db_prep_save(step.result, connection),
         Step._meta.get_field("error").get_db_prep_save(step.error, connection),
     )
+
+
+def _holder_record(row: Run, tag: str) -> RunRecord:
+    """A holder of ``tag`` read with its weight under it (annotated ``key_weight``)."""
+    weight: int = getattr(row, "key_weight", 1)
+    return dataclasses.replace(_record(row, [tag]), weights={tag: weight} if weight != 1 else {})
 
 
 def _record(row: Run, tags: list[str] | None = None) -> RunRecord:
