@@ -7,15 +7,24 @@ Run from the repository root::
 It (re)creates the PostgreSQL database ``durable_bench_exec`` (``--database``), migrates
 it, creates the tables ``bench_exec_write`` and ``bench_exec_floor``, and starts three
 Celery workers on the Redis broker ``redis://127.0.0.1:6379/13``, each one process with
-``--pool=solo`` consuming one variant's queue, so that each worker's peak memory is its
-own.
+``--pool=solo`` consuming one variant's queue (the durable variants share one), so that
+each worker's peak memory is its own, and a Procrastinate worker.
 
 - **durable**: ``--runs`` runs of ``bench.three_writes`` (three ``ctx.step`` calls, each
   inserting one row and returning a small JSON value), started under a quota;
 - **plain**: ``--runs`` Celery tasks making the same three inserts;
 - **floor**: the plain task plus the commits a durable turn adds (the claim's, two step
   records', the end of the turn's), each the cheapest one-row insert: what any design
-  committing that often would cost at best.
+  committing that often would cost at best;
+- **transactional**: ``--runs`` runs of ``bench.three_transactions``, the durable workflow
+  with ``ctx.transaction`` steps (each insert commits with its record), on the durable
+  worker;
+- **procrastinate**: ``--runs`` Procrastinate jobs making the same three inserts, run by a
+  ``procrastinate worker --concurrency 1`` (``pip install -e '.[bench]'``), its schema in
+  the database ``<--database>_procrastinate``.
+
+The ratio table gives each goal, met or missed: durable / plain >= 0.5, transactional /
+plain >= 0.65, durable / procrastinate >= 1.0.
 
 A measurement empties the tables, dispatches every run (or task) from this process, and
 polls the database until all are done: the time runs from the first dispatch to the last
@@ -61,7 +70,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.execution_settings")
 
-TARGET = 0.5  # durable runs/s at least this fraction of plain Celery tasks/s
+#: The goals: (numerator, denominator, at least) on runs/s.
+GOALS = (
+    ("durable", "plain", 0.5),
+    ("transactional", "plain", 0.65),
+    ("durable", "procrastinate", 1.0),
+)
 POLL = 0.02  # seconds between two counts of what is done
 STALL = 60.0  # seconds without progress before a measurement is abandoned
 BENCH_TABLES = ["durable_run", "durable_run_tag", "durable_step", "durable_signal"]
@@ -86,6 +100,7 @@ class Variant:
     queue: str
     dispatch: object  # (index) -> None
     done: object  # () -> (done, failed)
+    reset: object = None  # () -> None: empties what the variant keeps elsewhere
     measurements: list[Measurement] = field(default_factory=list)
 
 
@@ -145,10 +160,12 @@ def empty_tables() -> None:
 class Worker:
     """A ``celery worker --pool=solo`` subprocess consuming one queue."""
 
-    def __init__(self, name: str, queue: str, app) -> None:
+    def __init__(self, name: str, queue: str, app, *, procrastinate: bool = False) -> None:
         self.name = name
         self.queue = queue
         self.app = app
+        #: A Procrastinate worker (concurrency 1) instead of a Celery one.
+        self.procrastinate = procrastinate
         self.hostname = f"bench-{uuid.uuid4().hex[:12]}@localhost"
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in stop()
             prefix="durable-bench-worker-", suffix=".log", delete=False
@@ -166,6 +183,9 @@ class Worker:
             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
             PYTHONUNBUFFERED="1",
         )
+        if self.procrastinate:
+            self._start_procrastinate(env)
+            return
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -200,6 +220,41 @@ class Worker:
                 raise RuntimeError(f"worker exited:\n{self.read_log()}")
             if self.app.control.ping(destination=[self.hostname], timeout=0.5):
                 return
+        raise RuntimeError(f"worker not ready after 60 s:\n{self.read_log()}")
+
+    def _start_procrastinate(self, env: dict[str, str]) -> None:
+        """``procrastinate worker --concurrency 1`` on the queue; ready once it is
+        connected to its database (without ``--verbose``: a log line per job would cost
+        it time the Celery workers, at ``--loglevel=warning``, do not spend)."""
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "procrastinate",
+                "--app",
+                "benchmarks.execution_procrastinate.app",
+                "worker",
+                "--concurrency",
+                "1",
+                "--queues",
+                self.queue,
+                "--delete-jobs",
+                "never",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited:\n{self.read_log()}")
+            if self.server_cpu()[0]:
+                return
+            time.sleep(0.1)
         raise RuntimeError(f"worker not ready after 60 s:\n{self.read_log()}")
 
     @property
@@ -278,6 +333,8 @@ def purge(app, queue: str) -> int:
 def measure(variant: Variant, runs: int) -> Measurement:
     """Dispatch ``runs`` runs (tasks) and wait until all are done."""
     empty_tables()
+    if variant.reset is not None:
+        variant.reset()
     gc.collect()
     worker_cpu = variant.worker.cpu()
     server_pids, server_cpu = variant.worker.server_cpu()
@@ -377,9 +434,12 @@ def main() -> None:
     args = parse_args()
     os.environ["DURABLE_BENCH_DB"] = args.database
     os.environ["DURABLE_BENCH_CONNECTIONS"] = args.connections
+    procrastinate_database = f"{args.database}_procrastinate"
+    os.environ["DURABLE_BENCH_PROCRASTINATE_DB"] = procrastinate_database
     from benchmarks.database import recreate_database
 
     recreate_database(args.database)
+    recreate_database(procrastinate_database)
 
     import django
 
@@ -397,6 +457,7 @@ def main() -> None:
         TENANTS,
         floor_three_writes,
         plain_three_writes,
+        three_transactions,
     )
     from benchmarks.execution_work import three_writes as workflow
     from durable_django import Engine
@@ -415,12 +476,40 @@ def main() -> None:
     queues = [durable_queue, PLAIN_QUEUE, FLOOR_QUEUE]
     purged = sum(purge(app, queue) for queue in queues)
 
+    # Procrastinate's schema, in its database; this process defers through a sync pool.
+    from benchmarks.execution_procrastinate import QUEUE as PROCRASTINATE_QUEUE
+    from benchmarks.execution_procrastinate import app as procrastinate_app
+    from benchmarks.execution_procrastinate import procrastinate_three_writes
+
+    procrastinate_app.open()
+    procrastinate_app.schema_manager.apply_schema()
+
     # One turn's round trips, and optionally a profile, in this process (no worker).
     local = Engine(enqueue=False)
     trips, statements = turn_round_trips(local, workflow)
+    tx_trips, tx_statements = turn_round_trips(local, three_transactions)
 
     def durable_dispatch(index: int) -> None:
         workflow.dispatch({"tenant": f"t{index % TENANTS}", "n": index})
+
+    def transactional_dispatch(index: int) -> None:
+        three_transactions.dispatch({"tenant": f"t{index % TENANTS}", "n": index})
+
+    def procrastinate_dispatch(index: int) -> None:
+        procrastinate_three_writes.defer(job_id=uuid.uuid4().hex)
+
+    def procrastinate_sql(statement: str) -> list[tuple]:
+        with procrastinate_app.connector.get_sync_connector().pool.connection() as conn:
+            return conn.execute(statement).fetchall() if "SELECT" in statement else []
+
+    def procrastinate_done() -> tuple[int, int]:
+        failed = procrastinate_sql(
+            "SELECT count(*) FROM procrastinate_jobs WHERE status = 'failed'"
+        )[0][0]
+        return sql(f"SELECT count(*) FROM {TABLE}")[0][0] // 3, failed
+
+    def procrastinate_reset() -> None:
+        procrastinate_sql("TRUNCATE procrastinate_jobs RESTART IDENTITY CASCADE")
 
     def durable_done() -> tuple[int, int]:
         return sql(
@@ -445,6 +534,9 @@ def main() -> None:
         "durable": Worker("durable", durable_queue, app),
         "plain": Worker("plain", PLAIN_QUEUE, app),
         "floor": Worker("floor", FLOOR_QUEUE, app),
+        "procrastinate": Worker(
+            "procrastinate", PROCRASTINATE_QUEUE, procrastinate_app, procrastinate=True
+        ),
     }
     try:
         for worker in workers.values():
@@ -456,6 +548,14 @@ def main() -> None:
                 workers["durable"],
                 durable_queue,
                 durable_dispatch,
+                durable_done,
+            ),
+            "transactional": Variant(
+                "transactional",
+                "durable: 3 ctx.transaction",
+                workers["durable"],
+                durable_queue,
+                transactional_dispatch,
                 durable_done,
             ),
             "plain": Variant(
@@ -474,13 +574,22 @@ def main() -> None:
                 floor_dispatch,
                 floor_done,
             ),
+            "procrastinate": Variant(
+                "procrastinate",
+                "Procrastinate: 3-write job",
+                workers["procrastinate"],
+                PROCRASTINATE_QUEUE,
+                procrastinate_dispatch,
+                procrastinate_done,
+                procrastinate_reset,
+            ),
         }
         # Warm up: imports, connections, cached plans, Celery's producer pool.
         for variant in variants.values():
             measure(variant, 100)
         print(
             f"measuring {len(variants)} variants x {args.rounds} rounds x {args.runs} runs, "
-            f"one solo worker per variant ...",
+            f"one worker of concurrency 1 per variant (the two durable ones share theirs) ...",
             flush=True,
         )
         load_before = os.getloadavg()
@@ -507,6 +616,7 @@ def main() -> None:
         for worker in workers.values():
             worker.stop()
         purged += sum(purge(app, queue) for queue in queues)
+        procrastinate_app.close()
 
     server = sql("SHOW server_version")[0][0]
     print()
@@ -540,35 +650,57 @@ def main() -> None:
             f"| {max(m.hwm_kb for m in ms) / 1024:>9.1f} | {ms[-1].rss_kb / 1024:>9.1f} |"
         )
     print()
-    durable, plain = variants["durable"].measurements, variants["plain"].measurements
-    floor = variants["floor"].measurements
+    measured = {name: variant.measurements for name, variant in variants.items()}
+    durable, plain = measured["durable"], measured["plain"]
 
-    def ratio(faster: list[Measurement], slower: list[Measurement]) -> tuple[float, list[float]]:
-        """The median of the per-round rate ratios slower/faster, and the ratios."""
-        rounds = [f.seconds / s.seconds for s, f in zip(slower, faster, strict=True)]
+    def ratio(numerator: str, denominator: str) -> tuple[float, list[float]]:
+        """The median of the per-round rate ratios numerator/denominator, and the ratios."""
+        rounds = [
+            d.seconds / n.seconds
+            for n, d in zip(measured[numerator], measured[denominator], strict=True)
+        ]
         return statistics.median(rounds), rounds
 
-    for label, (value, per_round), target in (
-        ("durable/plain", ratio(plain, durable), True),
-        ("floor/plain (the best this many commits allow)", ratio(plain, floor), False),
-        ("durable/floor (how close to it)", ratio(floor, durable), False),
+    width = max(23, 7 * args.rounds - 2)  # the per-round ratios, "0.123, " each
+    print(f"| {'ratio (runs/s)':<52} | {'value':>5} | {'per round':<{width}} | {'goal':<16} |")
+    print(f"| {'-' * 52} | {'-' * 4}: | {'-' * width} | {'-' * 16} |")
+    goals = {(n, d): at_least for n, d, at_least in GOALS}
+    for numerator, denominator, note in (
+        ("durable", "plain", ""),
+        ("transactional", "plain", ""),
+        ("durable", "procrastinate", ""),
+        ("transactional", "procrastinate", ""),
+        ("transactional", "durable", ""),
+        ("procrastinate", "plain", ""),
+        ("floor", "plain", " (the best this many commits allow)"),
+        ("durable", "floor", " (how close to it)"),
     ):
-        line = f"{label} = {value:.3f}  (per round {', '.join(f'{r:.3f}' for r in per_round)})"
-        if target:
-            line += f"  target >= {TARGET}: {'met' if value >= TARGET else 'MISSED'}"
-        print(line)
+        value, per_round = ratio(numerator, denominator)
+        goal = goals.get((numerator, denominator))
+        verdict = "" if goal is None else f">= {goal}: {'met' if value >= goal else 'MISSED'}"
+        rounds = ", ".join(f"{r:.3f}" for r in per_round)
+        print(
+            f"| {numerator + ' / ' + denominator + note:<52} | {value:.3f} | {rounds:<{width}} "
+            f"| {verdict:<16} |"
+        )
+    print()
     drains = [d.drain / p.drain for d, p in zip(durable, plain, strict=True)]
     print(f"durable/plain, drain rates after dispatching = {statistics.median(drains):.3f}")
-    for label, attribute in (("worker", "worker_cpu"), ("its PostgreSQL process", "server_cpu")):
-        costs = [
-            getattr(d, attribute) / getattr(p, attribute)
-            for d, p in zip(durable, plain, strict=True)
-        ]
-        print(f"CPU per run, {label}: durable/plain = {shown(statistics.median(costs))}x")
-    print()
-    print(f"one run turn of {workflow.name!r}: {trips} PostgreSQL round trips")
-    for number, statement in enumerate(statements, 1):
-        print(f"  {number:>2}. {short(statement)}")
+    for name in ("durable", "transactional", "procrastinate"):
+        for label, attribute in (("worker", "worker_cpu"), ("its PostgreSQL", "server_cpu")):
+            costs = [
+                getattr(d, attribute) / getattr(p, attribute)
+                for d, p in zip(measured[name], plain, strict=True)
+            ]
+            print(f"CPU per run, {label}: {name}/plain = {shown(statistics.median(costs))}x")
+    for flow, count, listed in (
+        (workflow, trips, statements),
+        (three_transactions, tx_trips, tx_statements),
+    ):
+        print()
+        print(f"one run turn of {flow.name!r}: {count} PostgreSQL round trips")
+        for number, statement in enumerate(listed, 1):
+            print(f"  {number:>2}. {short(statement)}")
     if profile:
         print()
         print(f"profile of {args.profile} run turns in this process:")

@@ -3,6 +3,8 @@
 - **durable**: ``three_writes``, a workflow of three ``ctx.step`` calls, each inserting one
   row and returning a small JSON value; its runs are started under a quota (one key per
   tenant, a limit never reached), as the project's runs are.
+- **transactional**: ``three_transactions``, the same workflow with ``ctx.transaction``
+  steps: each insert commits with its step's record.
 - **plain**: ``plain_three_writes``, a Celery task making the same three inserts.
 - **floor**: ``floor_three_writes``, the plain task plus, in the same order, the commits a
   durable turn adds, each the cheapest write there is (a one-row insert without a
@@ -49,6 +51,14 @@ def three_writes(ctx, input):
     first = ctx.step("first", write, ctx.run_id, 1)
     second = ctx.step("second", write, ctx.run_id, 2)
     third = ctx.step("third", write, ctx.run_id, 3)
+    return {"ids": [first["id"], second["id"], third["id"]]}
+
+
+@workflow(name="bench.three_transactions", concurrency=Concurrency(key=tenant_key, limit=1_000_000))
+def three_transactions(ctx, input):
+    first = ctx.transaction("first", write, ctx.run_id, 1)
+    second = ctx.transaction("second", write, ctx.run_id, 2)
+    third = ctx.transaction("third", write, ctx.run_id, 3)
     return {"ids": [first["id"], second["id"], third["id"]]}
 
 

@@ -1,6 +1,8 @@
-"""What a start costs: the plain start, the quota-checked start, and the quota-checked
-start on a key with a long finished history, side by side; then batches of starts
-(``dispatch_many``) against Procrastinate's ``batch_defer``.
+"""What a start costs: the plain start, the quota-checked start, the quota-checked
+start on a key with a long finished history, a start under three quotas and a weighted
+start, side by side, against a plain view's insert and ``.delay()`` (on a kept and on a
+new connection) and Procrastinate's ``defer``; then batches of starts (``dispatch_many``)
+against Procrastinate's ``batch_defer``.
 
 Run from the repository root::
 
@@ -12,7 +14,9 @@ The batch section needs the ``bench`` extra (Procrastinate); without it, it is s
 It (re)creates the PostgreSQL database ``durable_bench`` (``--database``), migrates it,
 gives one quota key ``--history`` completed runs (inserted with ``generate_series``, then
 ``VACUUM ANALYZE``), and publishes every start's Celery message to a real Redis broker
-(``redis://127.0.0.1:6379/14``, queue ``durable_bench``, purged before and after).
+(``redis://127.0.0.1:6379/14``, queue ``durable_bench``, purged before and after). The
+Procrastinate row (the ``bench`` extra) has a database of its own,
+``durable_bench_procrastinate`` (``--procrastinate-database``, '' to leave it out).
 
 The variants are measured in rounds: each round runs a batch of every variant, in an
 order that rotates from round to round, and the runs started under a quota are completed
@@ -37,18 +41,35 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
+if TYPE_CHECKING:
+    from benchmarks.procrastinate_app import ProcrastinateBench
+
 QUEUE = "durable_bench"
 INPUT_SMALL = {"tenant": "small", "message": "hello"}
 INPUT_HISTORY = {"tenant": "history", "message": "hello"}
 HISTORY_TAG = "concurrency:bench:history"
 SMALL_TAG = "concurrency:bench:small"
-QUOTA_TAGS = [SMALL_TAG, HISTORY_TAG]
+#: The keys of the start under three quotas, and of the weighted start.
+MULTI_KEYS = ["bench:multi:tenant", "bench:multi:user", "bench:multi:gpu"]
+WEIGHTED_KEY = "bench:weighted"
+QUOTA_TAGS = [
+    SMALL_TAG,
+    HISTORY_TAG,
+    *(f"concurrency:{key}" for key in [*MULTI_KEYS, WEIGHTED_KEY]),
+]
+#: The start of the previous release, one call of ``durable_start_run_v1`` (one quota,
+#: unweighted), to compare the start of this one with.
+START_V1_SQL = (
+    "SELECT outcome, active, found_workflow, found_namespace FROM durable_start_run_v1("
+    "%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s, %s, %s, %s::text[], %s, %s)"
+)
 ACTIVE = ["pending", "running", "suspended", "blocked"]
 
 
@@ -78,6 +99,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--database", default="durable_bench", help="PostgreSQL database")
     parser.add_argument(
         "--reuse", action="store_true", help="keep an existing database and its history"
+    )
+    parser.add_argument(
+        "--procrastinate-database",
+        default="durable_bench_procrastinate",
+        help="PostgreSQL database of the Procrastinate rows, made anew ('' to leave them out)",
     )
     parser.add_argument("--batch-size", type=int, default=100, help="runs per batch")
     parser.add_argument("--batches", type=int, default=60, help="batches per batch variant")
@@ -170,7 +196,8 @@ def count_round_trips(start: Callable[[], object]) -> tuple[int, int]:
             start()
         finally:
             redis.connection.AbstractConnection.send_packed_command = original
-            pgconn.untrace()
+            if connection.connection is not None and connection.connection.pgconn is pgconn:
+                pgconn.untrace()
         trace.flush()
         trace.seek(0)
         # Each simple Query, or each Sync closing an extended-protocol batch, is one trip.
@@ -179,7 +206,7 @@ def count_round_trips(start: Callable[[], object]) -> tuple[int, int]:
 
 
 def explain_count(history: int, start: Callable[[], object]) -> str:
-    """The plans ``durable_start_run_v1`` uses for the count during one start on the history
+    """The plans ``durable_start_run_v2`` uses for the count during one start on the history
     key, captured with ``auto_explain``; a plain EXPLAIN of the same statement without it."""
     from django.db import connection
     from django.db.utils import DatabaseError
@@ -222,9 +249,9 @@ def explain_count(history: int, start: Callable[[], object]) -> str:
             pgconn.remove_notice_handler(keep)
             with connection.cursor() as cursor:
                 cursor.execute("SET auto_explain.log_min_duration = -1")
-        out.append("-- as run inside durable_start_run_v1 by one start (auto_explain):")
+        out.append("-- as run inside durable_start_run_v2 by one start (auto_explain):")
         for notice in notices:
-            if "FROM durable_run_tag t" in notice and "count(*)" in notice:
+            if "FROM durable_run_tag t" in notice and "sum(counted.weight)" in notice:
                 lines = notice.splitlines()
                 plan = lines[lines.index(next(x for x in lines if x.startswith("Aggregate"))) :]
                 out.append(lines[0].strip())
@@ -256,21 +283,35 @@ def explain_count(history: int, start: Callable[[], object]) -> str:
     return "\n".join(out)
 
 
-def measure_batches(args: argparse.Namespace, fast, portable, fast_no_publish) -> None:
+def open_procrastinate(database: str) -> ProcrastinateBench | None:
+    """The Procrastinate app of the ``defer`` and ``batch_defer`` rows, on ``database``
+    made anew (:func:`benchmarks.procrastinate_app.procrastinate_app`); ``None`` when
+    ``database`` is '' or Procrastinate is not installed (the ``bench`` extra)."""
+    if not database:
+        return None
+    try:
+        from benchmarks.procrastinate_app import procrastinate_app
+
+        return procrastinate_app(database)
+    except ImportError:
+        print("Procrastinate rows skipped: Procrastinate is not installed (the bench extra)")
+        return None
+
+
+def measure_batches(
+    args: argparse.Namespace,
+    fast,
+    portable,
+    fast_no_publish,
+    bench: ProcrastinateBench | None,
+) -> None:
     """Batches of ``--batch-size`` starts under one quota key: ``dispatch_many`` (one call
     of ``durable_start_runs_v1``, the messages sent together on commit) against
     Procrastinate's ``batch_defer`` (one INSERT of the jobs, in a database of its own),
     and against as many single starts. Measured in rounds like the starts; the ratio is the
     median of the per-round ratios of runs per second."""
-    try:
-        from benchmarks.procrastinate_app import procrastinate_app
-    except ImportError:
-        print("batches skipped: Procrastinate is not installed (the bench extra)")
-        return
-    try:
-        bench = procrastinate_app(f"{args.database}_procrastinate")
-    except ImportError:
-        print("batches skipped: Procrastinate is not installed (the bench extra)")
+    if bench is None:
+        print("batches skipped: no Procrastinate app (the bench extra, --procrastinate-database)")
         return
     size = args.batch_size
     inputs = [{**INPUT_SMALL, "n": n} for n in range(size)]
@@ -291,42 +332,39 @@ def measure_batches(args: argparse.Namespace, fast, portable, fast_no_publish) -
         "loop": Variant(f"   {size} x start, quota", loop),
         "proc": Variant("Procrastinate batch_defer", lambda: bench.task.batch_defer(*inputs)),
     }
-    try:
-        for variant in variants.values():
-            for _ in range(3):
-                variant.start()
+    for variant in variants.values():
+        for _ in range(3):
+            variant.start()
+    complete_quota_runs()
+    trips = {n: count_round_trips(v.start) for n, v in variants.items() if n != "proc"}
+    complete_quota_runs()
+    names = list(variants)
+    per_round = 3
+    rounds = max(1, -(-args.batches // per_round))
+    print(
+        f"measuring {len(names)} batch variants x {rounds} rounds x {per_round} batches "
+        f"of {size} ...",
+        flush=True,
+    )
+    clock = time.perf_counter_ns
+    for number in range(rounds):
+        shift = number % len(names)
+        for name in names[shift:] + names[:shift]:
+            variant = variants[name]
+            times = []
+            gc.collect()
+            gc.disable()
+            try:
+                for _ in range(per_round):
+                    t0 = clock()
+                    variant.start()
+                    times.append((clock() - t0) / 1000)
+            finally:
+                gc.enable()
+            variant.samples += times
+            variant.rounds.append(statistics.median(times))
         complete_quota_runs()
-        trips = {n: count_round_trips(v.start) for n, v in variants.items() if n != "proc"}
-        complete_quota_runs()
-        names = list(variants)
-        per_round = 3
-        rounds = max(1, -(-args.batches // per_round))
-        print(
-            f"measuring {len(names)} batch variants x {rounds} rounds x {per_round} batches "
-            f"of {size} ...",
-            flush=True,
-        )
-        clock = time.perf_counter_ns
-        for number in range(rounds):
-            shift = number % len(names)
-            for name in names[shift:] + names[:shift]:
-                variant = variants[name]
-                times = []
-                gc.collect()
-                gc.disable()
-                try:
-                    for _ in range(per_round):
-                        t0 = clock()
-                        variant.start()
-                        times.append((clock() - t0) / 1000)
-                finally:
-                    gc.enable()
-                variant.samples += times
-                variant.rounds.append(statistics.median(times))
-            complete_quota_runs()
-        jobs = bench.job_count()
-    finally:
-        bench.close()
+    jobs = bench.job_count()
 
     print()
     print(f"batches of {size} runs; {rounds} rounds x {per_round} batches per variant")
@@ -385,11 +423,26 @@ def main() -> None:
     from durable_django import Concurrency, Engine
     from durable_django.engines import send_run
     from durable_django.models import Run, RunTag
+    from durable_django.publishing import publish_run
     from durable_django.registry import Registry
     from durable_django.stores.orm import OrmStore
+    from durable_django.tasks import execute_run
 
     app = Celery("durable_bench", set_as_current=True)
     app.config_from_object("django.conf:settings", namespace="CELERY")
+    app.conf.task_default_queue = QUEUE  # where a plain task's .delay() goes
+
+    @app.task(name="bench.plain_task", ignore_result=True)
+    def plain_task(run_id: str) -> None:  # never executed here
+        return None
+
+    class CelerySendEngine(Engine):
+        """The engine as it sent before the lean publish: Celery's ``apply_async``."""
+
+        def send(self, run_id: str, queue: str) -> None:
+            self.store.on_commit(
+                lambda: execute_run.apply_async((run_id,), queue=queue, serializer="json")
+            )
 
     call_command("migrate", verbosity=0)
     if not args.batches_only:
@@ -405,10 +458,45 @@ def main() -> None:
 
     registry = Registry()
     quota = Concurrency(key=tenant_key, limit=1_000_000)
+    three = [Concurrency(key=lambda i, key=key: key, limit=1_000_000) for key in MULTI_KEYS]
+    weighted = Concurrency(key=lambda i: WEIGHTED_KEY, limit=1_000_000, weight=lambda i: 3)
 
-    def engine(*, fast_path: bool = True, enqueue: bool = True) -> Engine:
+    class PreviousStart(OrmStore):
+        """The start of the previous release: ``durable_start_run_v1``, one quota."""
+
+        def _start_on_postgresql(self, run, quotas, check_existing, read_namespace):
+            import json
+
+            from django.core.serializers.json import DjangoJSONEncoder
+
+            from durable_django.records import StartOutcome
+
+            (quota,) = quotas
+            params = (
+                run.run_id,
+                check_existing,
+                run.workflow,
+                run.version,
+                run.namespace,
+                json.dumps(run.input, cls=DjangoJSONEncoder),
+                list(run.tags),
+                run.queue,
+                run.parent_id,
+                run.attempt,
+                quota.key,
+                list(quota.count_statuses),
+                quota.limit,
+                read_namespace,
+            )
+            with connection.cursor() as cursor:
+                cursor.execute(START_V1_SQL, params)
+                outcome, _, _, _ = cursor.fetchone()
+            assert outcome == "created", outcome
+            return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+
+    def engine(*, fast_path: bool = True, enqueue: bool = True, store=None) -> Engine:
         return Engine(
-            store=OrmStore(fast_path=fast_path),
+            store=store or OrmStore(fast_path=fast_path),
             namespace="default",
             scope_reads=False,
             queue=QUEUE,
@@ -417,8 +505,14 @@ def main() -> None:
         )
 
     fast, portable, fast_no_publish = engine(), engine(fast_path=False), engine(enqueue=False)
+    celery_send = CelerySendEngine(
+        store=OrmStore(), namespace="default", scope_reads=False, queue=QUEUE, registry=registry
+    )
+    previous = engine(store=PreviousStart())
     fast.register("bench.plain", "1", noop, tags=["bench"])
     fast.register("bench.quota", "1", noop, concurrency=quota)
+    fast.register("bench.three", "1", noop, concurrency=three)
+    fast.register("bench.weighted", "1", noop, concurrency=weighted)
 
     def raw_orm() -> None:
         run_id = uuid.uuid4().hex
@@ -439,7 +533,40 @@ def main() -> None:
             transaction.on_commit(lambda: send_run(run_id, QUEUE))
 
     def publish_only() -> None:
-        send_run(uuid.uuid4().hex, QUEUE)
+        execute_run.apply_async((uuid.uuid4().hex,), queue=QUEUE, serializer="json")
+
+    def lean_publish_only() -> None:
+        publish_run(uuid.uuid4().hex, QUEUE)
+
+    def view() -> None:
+        """What a plain view does: insert a row (autocommit) and ``.delay()`` a task."""
+        now = timezone.now()
+        run = Run.objects.create(
+            id=uuid.uuid4().hex,
+            workflow="bench.plain",
+            version="1",
+            namespace="default",
+            status="completed",
+            queue=QUEUE,
+            input=INPUT_SMALL,
+            created_at=now,
+            updated_at=now,
+        )
+        plain_task.delay(run.id)
+
+    def fresh(start: Callable[[], object]) -> Callable[[], object]:
+        """``start`` on a new connection, as with ``CONN_MAX_AGE = 0``."""
+
+        def on_a_new_connection() -> object:
+            connection.close()
+            return start()
+
+        return on_a_new_connection
+
+    def dispatch_quota() -> object:
+        return fast.start("bench.quota", INPUT_SMALL)
+
+    closers: list[Callable[[], None]] = []
 
     variants = {
         "a": Variant("a  start, no quota", lambda: fast.start("bench.plain", INPUT_SMALL)),
@@ -447,14 +574,34 @@ def main() -> None:
         "c": Variant(
             "c  start, quota, 1M-history key", lambda: fast.start("bench.quota", INPUT_HISTORY)
         ),
+        "m": Variant("m  start, 3 quotas", lambda: fast.start("bench.three", INPUT_SMALL)),
+        "w": Variant(
+            "w  start, quota, weight 3", lambda: fast.start("bench.weighted", INPUT_SMALL)
+        ),
+        "b1": Variant(
+            "b1 start, quota, previous function",
+            lambda: previous.start("bench.quota", INPUT_SMALL),
+        ),
         "pa": Variant("   portable: no quota", lambda: portable.start("bench.plain", INPUT_SMALL)),
         "pb": Variant("   portable: quota", lambda: portable.start("bench.quota", INPUT_SMALL)),
         "pc": Variant(
             "   portable: quota, 1M history",
             lambda: portable.start("bench.quota", INPUT_HISTORY),
         ),
+        "pm": Variant("   portable: 3 quotas", lambda: portable.start("bench.three", INPUT_SMALL)),
+        "pw": Variant(
+            "   portable: quota, weight 3", lambda: portable.start("bench.weighted", INPUT_SMALL)
+        ),
         "raw": Variant("   raw ORM: Run + RunTag + publish", raw_orm),
-        "pub": Variant("   Celery publish alone", publish_only),
+        "bt": Variant(
+            "   b with Celery's apply_async publish",
+            lambda: celery_send.start("bench.quota", INPUT_SMALL),
+        ),
+        "pub": Variant("   Celery apply_async alone", publish_only),
+        "lean": Variant("   lean publish alone", lean_publish_only),
+        "view": Variant("   view: Model.objects.create + .delay()", view),
+        "bF": Variant("   fresh connection: b", fresh(dispatch_quota)),
+        "viewF": Variant("   fresh connection: view", fresh(view)),
         "na": Variant(
             "   no publish: no quota", lambda: fast_no_publish.start("bench.plain", INPUT_SMALL)
         ),
@@ -466,11 +613,21 @@ def main() -> None:
             lambda: fast_no_publish.start("bench.quota", INPUT_HISTORY),
         ),
     }
+    bench = open_procrastinate(args.procrastinate_database)
+    if bench is not None:
+        closers.append(bench.close)
     if args.batches_only:
-        measure_batches(args, fast, portable, fast_no_publish)
+        measure_batches(args, fast, portable, fast_no_publish, bench)
         purged += purge_queue(app)
+        for close in closers:
+            close()
         print(f"purged {purged} messages from Redis queue {QUEUE!r}")
         return
+    if bench is not None:
+        task = bench.task
+        variants["defer"] = Variant(
+            "   Procrastinate defer (sync)", lambda: task.defer(**INPUT_SMALL)
+        )
     if args.history != 1_000_000:
         label = f"{args.history:,}-history"
         variants["c"].label = f"c  start, quota, {label} key"
@@ -483,6 +640,7 @@ def main() -> None:
             variant.start()
     complete_quota_runs()
     trips = {name: count_round_trips(v.start) for name, v in variants.items()}
+    untraced = {"bF", "viewF", "defer"}  # on a connection the trace does not follow
     complete_quota_runs()
 
     names = list(variants)
@@ -535,9 +693,10 @@ def main() -> None:
         median = statistics.median(variant.samples)
         p90 = statistics.quantiles(variant.samples, n=10)[-1]
         pg, rd = trips[name]
+        pg_text = "-" if name in untraced else str(pg)
         print(
             f"| {variant.label:<36} | {1e6 / mean:>8.0f} | {mean:>8.0f} | {median:>9.0f} "
-            f"| {p90:>7.0f} | {pg:>8} | {rd:>11} |"
+            f"| {p90:>7.0f} | {pg_text:>8} | {rd:>11} |"
         )
     print()
 
@@ -554,29 +713,53 @@ def main() -> None:
         )
         return statistics.median(per_round), q1, q3, overall
 
-    for top, bottom, target in (
-        ("b", "a", 1.3),
-        ("c", "b", 1.1),
+    # (top, bottom, goal): top/bottom of the times, with a goal "<= x"; against
+    # Procrastinate's defer, the speed of top instead (bottom/top), with a goal ">= x".
+    goals: list[tuple[str, str, str | None]] = [
+        ("b", "a", "<= 1.3"),
+        ("c", "b", "<= 1.1"),
+        ("b", "defer", ">= 1.0"),
+        ("bt", "defer", ">="),
+        ("nb", "defer", ">="),
+        ("b", "view", "<= 1.1"),
+        ("bF", "viewF", "<= 1.15"),
+        ("pub", "lean", None),
+        ("bt", "b", None),
+        ("m", "b", "<= 1.3"),
+        ("w", "b", "<= 1.05"),
+        ("b", "b1", "<= 1.05"),
         ("pb", "pa", None),
         ("pc", "pb", None),
+        ("pm", "pb", None),
+        ("pw", "pb", None),
         ("nb", "na", None),
         ("nc", "nb", None),
         ("a", "raw", None),
         ("b", "raw", None),
-    ):
-        med, q1, q3, overall = ratio(top, bottom)
+    ]
+    for top, bottom, goal in goals:
+        if top not in variants or bottom not in variants:
+            continue
+        speed = goal is not None and goal.startswith(">=")
+        first, second = (bottom, top) if speed else (top, bottom)
+        med, q1, q3, overall = ratio(first, second)
         verdict = ""
-        if target is not None:
-            verdict = f"  target <= {target}: {'met' if med <= target else 'MISSED'}"
+        if goal is not None and " " in goal:
+            bound = float(goal.split()[1])
+            met = med >= bound if speed else med <= bound
+            verdict = f"  goal {goal}: {'met' if met else 'MISSED'}"
+        name = f"{first}/{second}" + (f" (speed of {top} vs {bottom})" if speed else "")
         print(
-            f"{top:>3}/{bottom:<3} = {med:.3f}  (per-round IQR {q1:.3f}-{q3:.3f}; "
+            f"{name:>12} = {med:.3f}  (per-round IQR {q1:.3f}-{q3:.3f}; "
             f"ratio of overall medians {overall:.3f}){verdict}"
         )
     print()
     print(explain_count(args.history, variants["c"].start))
     complete_quota_runs()
-    measure_batches(args, fast, portable, fast_no_publish)
+    measure_batches(args, fast, portable, fast_no_publish, bench)
     purged += purge_queue(app)
+    for close in closers:
+        close()
     print()
     print(f"purged {purged} messages from Redis queue {QUEUE!r}")
 

@@ -25,3 +25,6 @@ class DurableConfig(AppConfig):
 
         setting_changed.connect(reload_engine, weak=False, dispatch_uid="durable_reload")
         autodiscover_modules("workflows")
+        from .tasks_backend import register_configured
+
+        register_configured()

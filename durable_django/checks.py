@@ -15,6 +15,7 @@ from .conf import durable_settings
 from .engines import default_engine
 from .models import Schedule
 from .registry import default_registry
+from .tasks_backend import TASKS_AVAILABLE, configured_aliases, unavailable_message
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -234,23 +235,21 @@ def quota_warnings(definitions: Iterable[WorkflowDefinition]) -> list[checks.Che
     """
     messages: list[checks.CheckMessage] = []
     for definition in definitions:
-        concurrency = definition.concurrency
-        if concurrency is None:
-            continue
         where = f"workflow {definition.name!r} version {definition.version!r}"
-        limit = concurrency.limit
-        if isinstance(limit, int) and not isinstance(limit, bool) and limit <= 0:
-            messages.append(
-                checks.Warning(
-                    f"{where} declares concurrency limit {limit}: every start is refused",
-                    hint=(
-                        "Give a positive limit, or no concurrency= at all for starts "
-                        "without a quota."
-                    ),
-                    obj=definition.name,
-                    id="durable_django.W004",
+        for concurrency in definition.concurrency:
+            limit = concurrency.limit
+            if isinstance(limit, int) and not isinstance(limit, bool) and limit <= 0:
+                messages.append(
+                    checks.Warning(
+                        f"{where} declares concurrency limit {limit}: every start is refused",
+                        hint=(
+                            "Give a positive limit, or no concurrency= at all for starts "
+                            "without a quota."
+                        ),
+                        obj=definition.name,
+                        id="durable_django.W004",
+                    )
                 )
-            )
     return messages
 
 
@@ -283,3 +282,21 @@ def check_schedules(
                 )
             )
     return messages
+
+
+@checks.register()
+def check_tasks_backend(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Warn when ``TASKS`` names the durable task backend on a Django without
+    ``django.tasks`` (before 6.0): nothing would ever use it."""
+    if TASKS_AVAILABLE:
+        return []
+    return [
+        checks.Warning(
+            f"TASKS[{alias!r}]: {unavailable_message()}",
+            hint="Upgrade to Django 6.0 or later, or take DurableTaskBackend out of TASKS.",
+            id="durable_django.W007",
+        )
+        for alias in configured_aliases()
+    ]

@@ -1,15 +1,17 @@
 """Concurrency quotas on starting runs: declaration, validation and resolution.
 
 A :class:`Concurrency` is declared on a workflow (``key`` a callable of the input,
-``limit`` an int or a callable of the key) or passed per start (``key`` a str, ``limit``
-an int). At start time it is resolved into a :class:`Quota`: one key, one int limit and
-the statuses that occupy a slot.
+``limit`` an int or a callable of the key, ``weight`` an int or a callable of the input)
+or passed per start (``key`` a str, ``limit`` and ``weight`` ints); ``concurrency=``
+takes one or a list of them. At start time each is resolved into a :class:`Quota`: one
+key, one int limit, the statuses that occupy a slot and the units the run occupies. A
+start is admitted only when every quota of its list admits it.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, Union
 
@@ -24,11 +26,16 @@ DEFAULT_CONCURRENCY_STATUSES: tuple[str, ...] = ACTIVE_STATUSES
 
 KeyFunction = Callable[[Any], str | None]
 LimitFunction = Callable[[str], int | Awaitable[int]]
-ConcurrencyOption = Union["Concurrency", Mapping[str, Any], None]
+WeightFunction = Callable[[Any], int]
+#: What ``concurrency=`` takes: one quota (a ``Concurrency`` or a dict with its keys), a
+#: list of them, or ``None``.
+ConcurrencyOption = Union[
+    "Concurrency", Mapping[str, Any], Sequence[Union["Concurrency", Mapping[str, Any]]], None
+]
 
 _T = TypeVar("_T")
 
-_OPTION_NAMES = frozenset({"key", "limit", "count_statuses"})
+_OPTION_NAMES = frozenset({"key", "limit", "count_statuses", "weight"})
 
 
 def quota_tag(key: str) -> str:
@@ -44,19 +51,24 @@ class Concurrency:
     ``limit``: an ``int`` (``<= 0`` refuses every start), or on a workflow a callable
     ``(key) -> int``, sync or ``async def``.
     ``count_statuses``: the statuses that occupy a slot; defaults to every active status.
+    ``weight``: the units of the limit a run occupies, an ``int >= 1`` (default 1), or on
+    a workflow a callable ``(input) -> int``; the key's counted runs and the new one must
+    weigh at most ``limit`` together.
     """
 
-    __slots__ = ("count_statuses", "key", "limit")
+    __slots__ = ("count_statuses", "key", "limit", "weight")
 
     key: KeyFunction | str
     limit: int | LimitFunction
     count_statuses: tuple[str, ...]
+    weight: int | WeightFunction
 
     def __init__(
         self,
         key: KeyFunction | str,
         limit: int | LimitFunction,
         count_statuses: Iterable[str] = DEFAULT_CONCURRENCY_STATUSES,
+        weight: int | WeightFunction = 1,
     ) -> None:
         if not (callable(key) or isinstance(key, str)):
             raise TypeError(
@@ -72,39 +84,56 @@ class Concurrency:
             )
         if isinstance(limit, int):
             _check_range(limit, "Concurrency limit")
+        if isinstance(weight, bool) or not (isinstance(weight, int) or callable(weight)):
+            raise TypeError(
+                f"Concurrency weight must be an int or a callable (input) -> int, "
+                f"not {type(weight).__name__} {weight!r}"
+            )
+        if isinstance(weight, int):
+            check_weight(weight, "Concurrency weight")
+            if isinstance(limit, int) and 0 < limit < weight:
+                raise ValueError(
+                    f"Concurrency weight {weight} is more than its limit {limit}: "
+                    f"no start could ever be admitted"
+                )
         object.__setattr__(self, "key", key)
         object.__setattr__(self, "limit", limit)
         object.__setattr__(self, "count_statuses", _validate_statuses(count_statuses))
+        object.__setattr__(self, "weight", weight)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Concurrency is immutable")
 
     def __repr__(self) -> str:
+        weight = "" if self.weight == 1 else f", weight={self.weight!r}"
         return (
             f"Concurrency(key={self.key!r}, limit={self.limit!r}, "
-            f"count_statuses={list(self.count_statuses)!r})"
+            f"count_statuses={list(self.count_statuses)!r}{weight})"
         )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Concurrency):
             return NotImplemented
-        return (self.key, self.limit, self.count_statuses) == (
+        return (self.key, self.limit, self.count_statuses, self.weight) == (
             other.key,
             other.limit,
             other.count_statuses,
+            other.weight,
         )
 
     def __hash__(self) -> int:
-        return hash((self.key, self.limit, self.count_statuses))
+        return hash((self.key, self.limit, self.count_statuses, self.weight))
 
 
 @dataclass(frozen=True, slots=True)
 class Quota:
-    """A quota resolved for one start: one key, one limit, the statuses counted."""
+    """A quota resolved for one start: one key, one limit, the statuses counted, and the
+    units of the limit the run occupies (``weight``)."""
 
     key: str
     limit: int
     count_statuses: tuple[str, ...]
+    weight: int = 1
 
     @property
     def tag(self) -> str:
@@ -122,6 +151,13 @@ def _check_range(limit: int, what: str) -> int:
     if not MIN_LIMIT <= limit <= MAX_LIMIT:
         raise ValueError(f"{what} must be between {MIN_LIMIT} and {MAX_LIMIT}, not {limit}")
     return limit
+
+
+def check_weight(weight: int, what: str) -> int:
+    """``weight`` if it is a usable weight: at least 1, at most the highest limit."""
+    if not 1 <= weight <= MAX_LIMIT:
+        raise ValueError(f"{what} must be between 1 and {MAX_LIMIT}, not {weight}")
+    return weight
 
 
 def _validate_statuses(statuses: Iterable[str]) -> tuple[str, ...]:
@@ -166,36 +202,66 @@ def coerce(option: ConcurrencyOption) -> Concurrency | None:
             raise ValueError(f"concurrency option(s) {sorted(missing)} missing")
         return Concurrency(**option)
     raise TypeError(
-        f"concurrency must be a Concurrency, a dict or None, not {type(option).__name__}"
+        f"concurrency must be a Concurrency, a dict, a list of them or None, "
+        f"not {type(option).__name__}"
     )
 
 
-def for_workflow(option: ConcurrencyOption, workflow: str) -> Concurrency | None:
-    """Validate a workflow's declared quota: the key must be a callable of the input."""
-    concurrency = coerce(option)
-    if concurrency is not None and not callable(concurrency.key):
-        raise TypeError(
-            f"workflow {workflow!r}: the concurrency key on a workflow must be a callable "
-            f"(input) -> str | None, not {type(concurrency.key).__name__}; "
-            f"pass a plain str key per start instead"
-        )
-    return concurrency
+def coerce_all(option: ConcurrencyOption) -> tuple[Concurrency, ...]:
+    """Turn ``concurrency=`` (one quota, a list of them, or ``None``) into a tuple of
+    Concurrency, in the order given."""
+    if isinstance(option, list | tuple):
+        quotas = []
+        for position, item in enumerate(option):
+            if not isinstance(item, Concurrency | Mapping):
+                raise TypeError(
+                    f"concurrency[{position}] must be a Concurrency or a dict, "
+                    f"not {type(item).__name__}"
+                )
+            quotas.append(coerce(item))
+        return tuple(q for q in quotas if q is not None)
+    single = coerce(option)
+    return () if single is None else (single,)
 
 
-def for_start(option: ConcurrencyOption) -> Concurrency | None:
-    """Validate a per-start quota: a str key and an int limit."""
-    concurrency = coerce(option)
-    if concurrency is None:
-        return None
-    if not isinstance(concurrency.key, str):
-        raise TypeError(
-            f"a per-start concurrency key must be a str, not {type(concurrency.key).__name__}"
+def for_workflow(option: ConcurrencyOption, workflow: str) -> tuple[Concurrency, ...]:
+    """Validate a workflow's declared quotas: each key must be a callable of the input."""
+    concurrencies = coerce_all(option)
+    for concurrency in concurrencies:
+        if not callable(concurrency.key):
+            raise TypeError(
+                f"workflow {workflow!r}: the concurrency key on a workflow must be a callable "
+                f"(input) -> str | None, not {type(concurrency.key).__name__}; "
+                f"pass a plain str key per start instead"
+            )
+    return concurrencies
+
+
+def for_start(option: ConcurrencyOption) -> tuple[Concurrency, ...]:
+    """Validate per-start quotas: each with a str key, an int limit and an int weight.
+    An empty list is refused: ``None`` is how a start takes the workflow's quotas."""
+    concurrencies = coerce_all(option)
+    if option is not None and not concurrencies:
+        raise ValueError(
+            "a per-start concurrency list must hold at least one quota; "
+            "pass concurrency=None for the workflow's own"
         )
-    if not isinstance(concurrency.limit, int):
-        raise TypeError(
-            f"a per-start concurrency limit must be an int, not {type(concurrency.limit).__name__}"
-        )
-    return concurrency
+    for concurrency in concurrencies:
+        if not isinstance(concurrency.key, str):
+            raise TypeError(
+                f"a per-start concurrency key must be a str, not {type(concurrency.key).__name__}"
+            )
+        if not isinstance(concurrency.limit, int):
+            raise TypeError(
+                f"a per-start concurrency limit must be an int, "
+                f"not {type(concurrency.limit).__name__}"
+            )
+        if not isinstance(concurrency.weight, int):
+            raise TypeError(
+                f"a per-start concurrency weight must be an int, "
+                f"not {type(concurrency.weight).__name__}"
+            )
+    return concurrencies
 
 
 def _resolve_key(concurrency: Concurrency, input: Any, workflow: str) -> str | None:
@@ -216,6 +282,26 @@ def _resolve_key(concurrency: Concurrency, input: Any, workflow: str) -> str | N
             f"not {type(key).__name__} {key!r}"
         )
     return validate_key(key, f"workflow {workflow!r}: concurrency key")
+
+
+def _resolve_weight(concurrency: Concurrency, input: Any, workflow: str, key: str) -> int:
+    weight: object = concurrency.weight
+    if isinstance(weight, int):
+        return weight  # checked when the Concurrency was made
+    assert callable(concurrency.weight)
+    try:
+        weight = concurrency.weight(input)
+    except Exception as error:
+        raise ValueError(
+            f"workflow {workflow!r}: the concurrency weight function raised "
+            f"{type(error).__name__} for key {key!r}: {error}"
+        ) from error
+    if isinstance(weight, bool) or not isinstance(weight, int):
+        raise TypeError(
+            f"workflow {workflow!r}: the concurrency weight for key {key!r} must be an int, "
+            f"not {type(weight).__name__} {weight!r}"
+        )
+    return check_weight(weight, f"workflow {workflow!r}: the concurrency weight for key {key!r}")
 
 
 def _check_limit(limit: object, workflow: str, key: str) -> int:
@@ -253,30 +339,77 @@ def limit_for(concurrency: Concurrency, key: str, workflow: str) -> int:
     return _check_limit(limit, workflow, key)
 
 
-def resolve(concurrency: Concurrency | None, input: Any, workflow: str) -> Quota | None:
-    """Resolve a quota for one start, calling an async limit function through async_to_sync."""
-    if concurrency is None:
-        return None
-    key = _resolve_key(concurrency, input, workflow)
-    if key is None:
-        return None
-    return Quota(key, limit_for(concurrency, key, workflow), concurrency.count_statuses)
+def merge(quotas: Iterable[Quota]) -> tuple[Quota, ...]:
+    """The quotas of one start, one per key, in the order each key first appears.
+
+    Two quotas naming the same key are merged into one that admits a start only when
+    both would: the smaller limit, the statuses of both counted, and the weights summed
+    (the run holds one tag on the key, weighing what both quotas take from it)."""
+    by_key: dict[str, Quota] = {}
+    for quota in quotas:
+        seen = by_key.get(quota.key)
+        if seen is None:
+            by_key[quota.key] = quota
+            continue
+        weight = seen.weight + quota.weight
+        if weight > MAX_LIMIT:
+            raise ValueError(
+                f"the concurrency weights for key {quota.key!r} add up to {weight}, "
+                f"more than {MAX_LIMIT}"
+            )
+        by_key[quota.key] = Quota(
+            quota.key,
+            min(seen.limit, quota.limit),
+            tuple(dict.fromkeys((*seen.count_statuses, *quota.count_statuses))),
+            weight,
+        )
+    return tuple(by_key.values())
 
 
-async def aresolve(concurrency: Concurrency | None, input: Any, workflow: str) -> Quota | None:
-    """Resolve a quota for one start from async code (a sync limit function runs in a thread)."""
-    if concurrency is None:
-        return None
-    key = _resolve_key(concurrency, input, workflow)
-    if key is None:
-        return None
-    function = concurrency.limit
-    limit: object = function
-    if callable(function):
-        if inspect.iscoroutinefunction(function):
-            limit = _call_limit(function, key, workflow)
-        else:  # a sync limit function may query the database: keep it off the event loop
-            limit = await sync_to_async(_call_limit)(function, key, workflow)
-        if inspect.isawaitable(limit):
-            limit = await limit
-    return Quota(key, _check_limit(limit, workflow, key), concurrency.count_statuses)
+def resolve(concurrencies: Iterable[Concurrency], input: Any, workflow: str) -> tuple[Quota, ...]:
+    """Resolve the quotas of one start, in their order (a key function answering ``None``
+    drops its quota; duplicate keys are merged, see :func:`merge`), calling an async limit
+    function through async_to_sync. An empty tuple: the start is unlimited."""
+    resolved = []
+    for concurrency in concurrencies:
+        key = _resolve_key(concurrency, input, workflow)
+        if key is None:
+            continue
+        resolved.append(
+            Quota(
+                key,
+                limit_for(concurrency, key, workflow),
+                concurrency.count_statuses,
+                _resolve_weight(concurrency, input, workflow, key),
+            )
+        )
+    return merge(resolved)
+
+
+async def aresolve(
+    concurrencies: Iterable[Concurrency], input: Any, workflow: str
+) -> tuple[Quota, ...]:
+    """:func:`resolve` from async code (a sync limit function runs in a thread)."""
+    resolved = []
+    for concurrency in concurrencies:
+        key = _resolve_key(concurrency, input, workflow)
+        if key is None:
+            continue
+        function = concurrency.limit
+        limit: object = function
+        if callable(function):
+            if inspect.iscoroutinefunction(function):
+                limit = _call_limit(function, key, workflow)
+            else:  # a sync limit function may query the database: keep it off the event loop
+                limit = await sync_to_async(_call_limit)(function, key, workflow)
+            if inspect.isawaitable(limit):
+                limit = await limit
+        resolved.append(
+            Quota(
+                key,
+                _check_limit(limit, workflow, key),
+                concurrency.count_statuses,
+                _resolve_weight(concurrency, input, workflow, key),
+            )
+        )
+    return merge(resolved)

@@ -345,7 +345,8 @@ def workflow(
     """Declare a workflow: a ``BaseWorkflow`` subclass or a function ``fn(ctx, input)``.
 
     ``name`` defaults to the target's dotted path; ``concurrency`` takes a
-    :class:`~durable_django.Concurrency` or a dict with the same keys; ``on_event`` names
+    :class:`~durable_django.Concurrency` or a dict with the same keys, or a list of them (a
+    start must pass every one); ``on_event`` names
     the events that start it; ``schedule`` declares its persisted schedule(s) (see
     :class:`~durable_django.schedules.ScheduleSpec`). A class is returned
     with its start methods; a function is returned as a :class:`Workflow`.

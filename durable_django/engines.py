@@ -15,9 +15,10 @@ from typing import Any
 from django.utils import timezone
 
 from . import concurrency as quotas
-from . import starting
+from . import estimates, starting
 from .conf import build_store, durable_settings
 from .errors import RunNotFound, RunTimeout
+from .estimates import Holder
 from .events import PublishResult, publish
 from .execution import execute_run
 from .limits import text_lengths
@@ -218,9 +219,10 @@ class Engine:
         """Create a run and enqueue its execution once the transaction commits.
 
         ``run_id`` is an idempotency key: re-starting it returns the existing run
-        (``handle.created`` is False) and is never refused. ``concurrency`` replaces the
-        workflow's quota for this start. Raises :class:`ConcurrencyLimitError` when the
-        quota is full; then nothing is created and nothing is sent. The steps are
+        (``handle.created`` is False) and is never refused. ``concurrency`` (one quota or a
+        list) replaces the workflow's quotas for this start. Raises
+        :class:`ConcurrencyLimitError` for the first quota, in the list's order, that is
+        full; then nothing is created and nothing is sent. The steps are
         :mod:`durable_django.starting`'s.
         """
         return starting.start(
@@ -490,6 +492,13 @@ class Engine:
         _check_filters(key=key)
         return quota_usage(self, key)
 
+    def quota_holders(self, key: str) -> list[Holder]:
+        """The runs holding quota ``key`` now (in the statuses a quota counts by default,
+        in this engine's read namespace), oldest first: each one's run id, workflow,
+        status, created and started times, and age in seconds. Reads the tag index."""
+        _check_filters(key=key)
+        return estimates.holders(self, key)
+
     def wait_for_run(self, run_id: str, timeout: float | None = None) -> RunRecord:
         """Poll until the run is completed, failed or cancelled; :class:`RunTimeout` if not."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -536,28 +545,21 @@ def _check_statuses(statuses: Collection[str] | None) -> list[str] | None:
 
 
 def send_run(run_id: str, queue: str) -> None:
-    """Send the Celery message that makes a worker execute ``run_id`` (JSON, never pickle)."""
-    from .tasks import execute_run
+    """Send the Celery message that makes a worker execute ``run_id`` (JSON, never pickle):
+    the lean publish of :mod:`durable_django.publishing`."""
+    from .publishing import publish_run
 
-    if queue:
-        execute_run.apply_async((run_id,), queue=queue, serializer="json")
-    else:  # the task's default routing
-        execute_run.apply_async((run_id,), serializer="json")
+    publish_run(run_id, queue)
 
 
 def send_runs(run_ids: Sequence[str], queue: str) -> None:
     """Send the Celery messages of several runs on ``queue`` together: one message per
-    run, as :func:`send_run` makes it, all through one producer taken once."""
-    from .tasks import execute_run
+    run, as :func:`send_run` makes it, in one call of
+    :func:`~durable_django.publishing.publish_runs` (one broker connection, one round
+    trip on Redis; with ``task_always_eager`` each run executes at once)."""
+    from .publishing import publish_runs
 
-    with execute_run.app.producer_or_acquire() as producer:
-        for run_id in run_ids:
-            if queue:
-                execute_run.apply_async(
-                    (run_id,), queue=queue, serializer="json", producer=producer
-                )
-            else:  # the task's default routing
-                execute_run.apply_async((run_id,), serializer="json", producer=producer)
+    publish_runs([(run_id, queue) for run_id in run_ids])
 
 
 #: The default engine, configured from ``settings.DURABLE`` on first use.

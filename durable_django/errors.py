@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+#: The fewest seconds ``ConcurrencyLimitError.retry_after`` says, and what it says when no
+#: estimate could be made.
+DEFAULT_RETRY_AFTER = 1.0
+
 
 class DurableError(Exception):
     """Base class of every error durable_django raises on purpose."""
@@ -13,20 +17,49 @@ class ConcurrencyLimitError(DurableError):
     """A start was refused because its quota key already holds ``limit`` active runs.
 
     Nothing was created: no run row, no tag row, no message.
+
+    ``retry_after`` is the seconds (a float, at least 1) until a slot of the key is likely
+    to free, estimated from the key's recent history once the refused start's transaction
+    has ended; ``estimate`` says how it was reached (a
+    :class:`durable_django.estimates.Estimate`, ``None`` when the error was made without
+    one, and ``retry_after`` is then :data:`DEFAULT_RETRY_AFTER`). ``holders()`` lists
+    the runs holding the key now.
     """
 
-    def __init__(self, workflow: str, key: str, limit: int, active: int) -> None:
+    def __init__(
+        self,
+        workflow: str,
+        key: str,
+        limit: int,
+        active: int,
+        retry_after: float = 0,
+        estimate: Any = None,
+    ) -> None:
         self.workflow = workflow
         self.key = key
         self.limit = limit
         self.active = active
+        self.retry_after = max(float(retry_after), DEFAULT_RETRY_AFTER)
+        self.estimate = estimate
+        self.engine: Any = None  # the engine that refused the start, for holders()
         super().__init__(
             f"workflow {workflow!r} refused: concurrency key {key!r} has "
             f"{active} active run(s), limit is {limit}"
         )
 
+    def holders(self) -> list[Any]:
+        """The runs holding the key now, oldest first: ``engine.quota_holders(key)`` of
+        the engine that refused the start (the default engine when it is not known)."""
+        engine = self.engine
+        if engine is None:
+            from .engines import default_engine as engine
+        return list(engine.quota_holders(self.key))
+
     def __reduce__(self) -> Any:
-        return (type(self), (self.workflow, self.key, self.limit, self.active))
+        return (
+            type(self),
+            (self.workflow, self.key, self.limit, self.active, self.retry_after, self.estimate),
+        )
 
 
 class UnstorableValueError(DurableError, TypeError, ValueError):

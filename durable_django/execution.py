@@ -21,9 +21,10 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import DatabaseError, connections
+from django.db import transaction as db_transaction
 from django.utils import timezone
 
 from .concurrency import ConcurrencyOption
@@ -143,12 +144,18 @@ def refusal_payload(error: ConcurrencyLimitError) -> dict[str, Any]:
         "key": error.key,
         "limit": error.limit,
         "active": error.active,
+        "retry_after": error.retry_after,
     }
 
 
 def _refusal_from(payload: dict[str, Any]) -> ConcurrencyLimitError:
+    # retry_after is recorded so that every replay sees the same; older records lack it.
     return ConcurrencyLimitError(
-        payload["workflow"], payload["key"], payload["limit"], payload["active"]
+        payload["workflow"],
+        payload["key"],
+        payload["limit"],
+        payload["active"],
+        payload.get("retry_after", 0),
     )
 
 
@@ -193,13 +200,14 @@ class Context:
             close_dropped_connections()
         self._called_at = now
 
-    def _next(self, name: str) -> tuple[int, StepRecord | None]:
+    def _next(self, name: str, *, flush: bool = True) -> tuple[int, StepRecord | None]:
+        """The next position and its record, if any; first the unwritten record, unless
+        ``flush`` is false (the caller then writes it in a transaction of its own)."""
         if self.lease_lost.is_set():
             raise LeaseLost(self.run_id)
         self.check_connections()
-        if self.unwritten is not None:
-            step, self.unwritten = self.unwritten, None
-            self._record(step)
+        if flush:
+            self._flush()
         position = self._position
         self._position += 1
         recorded = self._recorded.get(position)
@@ -210,6 +218,12 @@ class Context:
                 f"the same order on every replay"
             )
         return position, recorded
+
+    def _flush(self) -> None:
+        """Write the record kept in memory (:meth:`_record_later`), if any."""
+        if self.unwritten is not None:
+            step, self.unwritten = self.unwritten, None
+            self._record(step)
 
     def _record(self, step: StepRecord, *, replace: bool = False) -> None:
         """Record ``step`` if this worker still holds the run, in one transaction.
@@ -265,38 +279,119 @@ class Context:
         A step that fails for good raises :class:`StepError`, on this turn and on replays.
         A result the store cannot hold (not JSON, NUL characters, too deep or too large:
         :class:`~durable_django.UnstorableValueError`) fails the step the same way.
+
+        The result is recorded after ``fn`` returns, in a commit of its own: a worker
+        that dies in between runs ``fn`` again (at least once). See :meth:`transaction`
+        for exactly once.
         """
         validate_text(name, "step name", text_lengths().step_name)
         position, recorded = self._next(name)
-        attempt = 1
-        if recorded is not None:
-            if recorded.error is None:
-                return recorded.result
-            retry_at = recorded.error.get("retry_at")
-            if retry_at is None:
-                raise StepError(name, recorded.error)
-            wake_at = datetime.datetime.fromisoformat(retry_at)
-            if timezone.now() < wake_at:
-                raise Suspend({"retry": name}, wake_at)
-            attempt = recorded.error.get("attempts", 1) + 1
+        replayed, attempt = _replayed(name, recorded)
+        if attempt == 0:
+            return replayed
         try:
             result = json_copy(_outside_body(fn, *args, **kwargs), f"the result of step {name!r}")
         except Exception as error:
-            failure = {**error_payload(error), "attempts": attempt, "retry_at": None}
-            if attempt <= retries:
-                wake_at = timezone.now() + datetime.timedelta(
-                    seconds=_backoff_seconds(backoff, attempt)
-                )
-                failure["retry_at"] = wake_at.isoformat()
-                self._record(StepRecord(position, name, error=failure), replace=attempt > 1)
-                raise Suspend({"retry": name}, wake_at) from None
-            self._record(StepRecord(position, name, error=failure), replace=attempt > 1)
-            raise StepError(name, failure) from error
+            self._fail(position, name, error, attempt, retries, backoff)
         if attempt > 1:
             self._record(StepRecord(position, name, result=result), replace=True)
         else:
             self._record_later(StepRecord(position, name, result=result))
         return result
+
+    def transaction(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        retries: int = 0,
+        backoff: float | Callable[[int], float] = 1.0,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` in a transaction on the store's database, and record
+        its JSON result in that same transaction; replay the record.
+
+        ``fn``'s writes to the store's database and the step's record commit together, or
+        not at all: a step whose transaction committed never runs again (exactly once),
+        one whose worker died before the commit left nothing behind. The record is made
+        only while this worker still holds the run; when it lost the run, the whole
+        transaction rolls back, ``fn``'s writes with it, and the turn stops. A record of
+        an earlier step still unwritten commits in it too.
+
+        ``fn`` raising, or returning a result the store cannot hold, rolls its writes
+        back; the failure is then retried and recorded as :meth:`step`'s are
+        (``retries``, ``backoff``, :class:`StepError`). Writes ``fn`` makes elsewhere (on
+        another database, to a service) are not in the transaction: for them the step
+        is at least once, as :meth:`step` is.
+        """
+        validate_text(name, "step name", text_lengths().step_name)
+        position, recorded = self._next(name, flush=False)
+        if recorded is not None:
+            self._flush()
+        replayed, attempt = _replayed(name, recorded)
+        if attempt == 0:
+            return replayed
+        step = StepRecord(position, name)
+        try:
+            result = self._in_transaction(step, attempt > 1, fn, args, kwargs)
+        except Exception as error:
+            self._flush()
+            self._fail(position, name, error, attempt, retries, backoff)
+        self._recorded[position] = dataclasses.replace(step, result=result)
+        return result
+
+    def _in_transaction(
+        self,
+        step: StepRecord,
+        replace: bool,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """``fn``'s call and ``step``'s record (with its result), and the unwritten record
+        if any, in one transaction under the holder's check. Raises what ``fn`` raised,
+        or :class:`LeaseLost`, with everything rolled back."""
+        store = self.engine.store
+        unwritten, self.unwritten = self.unwritten, None
+        what = f"the result of step {step.name!r}"
+        try:
+            with _reaching(store), _transaction_of(store):
+                result = json_copy(_outside_body(fn, *args, **kwargs), what)
+                # After fn: the run's row is locked (FOR SHARE) only until the commit.
+                record = dataclasses.replace(step, result=result)
+                if not store.record_held_step(self.run_id, record, self.owner, replace=replace):
+                    self.lease_lost.set()
+                    raise LeaseLost(self.run_id)
+                if unwritten is not None:
+                    store.record_step(self.run_id, unwritten)
+        except BaseException:
+            # Rolled back: the earlier step's record is still to be written.
+            self.unwritten = unwritten
+            raise
+        return result
+
+    def _fail(
+        self,
+        position: int,
+        name: str,
+        error: Exception,
+        attempt: int,
+        retries: int,
+        backoff: float | Callable[[int], float],
+    ) -> NoReturn:
+        """Record a step's failed ``attempt``: suspend until the next one is due while
+        ``retries`` remain, else raise :class:`StepError`."""
+        failure = {**error_payload(error), "attempts": attempt, "retry_at": None}
+        if attempt <= retries:
+            wake_at = timezone.now() + datetime.timedelta(
+                seconds=_backoff_seconds(backoff, attempt)
+            )
+            failure["retry_at"] = wake_at.isoformat()
+            self._record(StepRecord(position, name, error=failure), replace=attempt > 1)
+            raise Suspend({"retry": name}, wake_at) from None
+        self._record(StepRecord(position, name, error=failure), replace=attempt > 1)
+        raise StepError(name, failure) from error
 
     def now(self) -> datetime.datetime:
         """The current time, recorded once and replayed verbatim."""
@@ -476,6 +571,31 @@ def _check_own_child(context: Context, run_id: str) -> None:
         raise DurableError(
             f"child id {run_id!r} is taken by a run that is not a child of {context.run_id!r}"
         )
+
+
+def _transaction_of(store: BaseStore) -> contextlib.AbstractContextManager[Any]:
+    """A transactional step's transaction: on the store's Django database, or, for a
+    store kept elsewhere (``MemoryStore``), none: ``fn`` runs, then the record is made."""
+    if store.using is None:
+        return contextlib.nullcontext()
+    return db_transaction.atomic(using=store.using)
+
+
+def _replayed(name: str, recorded: StepRecord | None) -> tuple[Any, int]:
+    """A step's recorded outcome: ``(result, 0)`` for a recorded result, ``(None,
+    attempt)`` for the attempt to make now; raises the recorded failure, or suspends
+    until its retry is due."""
+    if recorded is None:
+        return None, 1
+    if recorded.error is None:
+        return recorded.result, 0
+    retry_at = recorded.error.get("retry_at")
+    if retry_at is None:
+        raise StepError(name, recorded.error)
+    wake_at = datetime.datetime.fromisoformat(retry_at)
+    if timezone.now() < wake_at:
+        raise Suspend({"retry": name}, wake_at)
+    return None, recorded.error.get("attempts", 1) + 1
 
 
 def _outside_body(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -4,6 +4,7 @@ that tells a client how its run is doing."""
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -14,32 +15,47 @@ from django.views.decorators.http import require_safe
 
 from .engines import default_engine
 from .errors import ConcurrencyLimitError, RunNotFound
+from .estimates import HISTORY
 from .status import TERMINAL_STATUSES
 from .stores.base import RunRecord
 
 DEFAULT_MESSAGE = "Busy, retry shortly"
+#: The ``Retry-After`` seconds when nothing better is known (the error's own default).
 DEFAULT_RETRY_AFTER = 1
 
 
 def too_many_requests(error: ConcurrencyLimitError) -> JsonResponse:
     """The 429 answer for a refused start.
 
-    The body is ``{"message", "key", "limit", "active"}``; the message and the
-    ``Retry-After`` seconds come from ``settings.DURABLE_HTTP_429`` (``MESSAGE``,
-    ``RETRY_AFTER``) when set.
+    The body is ``{"message", "key", "limit", "active", "retry_after"}`` and the
+    ``Retry-After`` header the same seconds, rounded up to a whole number: the error's
+    ``retry_after``, estimated from the key's history. When the error has no estimate
+    from history (the key has none yet, or it could not be read), ``RETRY_AFTER`` of
+    ``settings.DURABLE_HTTP_429`` is used when set. The message is its ``MESSAGE``.
     """
     options = getattr(settings, "DURABLE_HTTP_429", {}) or {}
+    seconds = retry_after_seconds(error, options)
     response = JsonResponse(
         {
             "message": options.get("MESSAGE", DEFAULT_MESSAGE),
             "key": error.key,
             "limit": error.limit,
             "active": error.active,
+            "retry_after": seconds,
         },
         status=429,
     )
-    response["Retry-After"] = str(options.get("RETRY_AFTER", DEFAULT_RETRY_AFTER))
+    response["Retry-After"] = str(seconds)
     return response
+
+
+def retry_after_seconds(error: ConcurrencyLimitError, options: dict[str, Any]) -> int:
+    """Whole seconds to wait (at least 1): the error's estimate rounded up, or the
+    configured ``RETRY_AFTER`` when the estimate has no history behind it."""
+    estimate = getattr(error, "estimate", None)
+    if "RETRY_AFTER" in options and getattr(estimate, "basis", None) != HISTORY:
+        return max(1, math.ceil(float(options["RETRY_AFTER"])))
+    return max(1, math.ceil(error.retry_after))
 
 
 def concurrency_limit_response(view: Callable[..., Any]) -> Callable[..., Any]:

@@ -14,7 +14,9 @@ from typing import Any
 @dataclass(frozen=True, slots=True)
 class NewRun:
     """A run about to be created: its id, workflow name and version, namespace, JSON
-    input, tags (the quota's included), Celery queue, parent run and attempt number."""
+    input, tags (its quotas' included), Celery queue, parent run and attempt number, and
+    the weight of those of its tags that weigh more than 1 (``{tag: units}``; a tag not
+    in ``weights`` weighs 1)."""
 
     run_id: str
     workflow: str
@@ -25,6 +27,7 @@ class NewRun:
     queue: str = ""
     parent_id: str | None = None
     attempt: int = 1
+    weights: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +35,8 @@ class RunRecord:
     """A run as read from the store: what :class:`NewRun` gave it, plus its ``status``,
     ``output`` or ``error``, why it is ``blocked``, when it was created, last updated,
     started and finished, and what a suspended run waits for (``wait``, ``wake_at``)
-    and who holds a running one (``lease_owner`` until ``lease_expires_at``)."""
+    and who holds a running one (``lease_owner`` until ``lease_expires_at``); ``weights``
+    holds the units of its quota tags that weigh more than 1."""
 
     run_id: str
     workflow: str
@@ -55,6 +59,7 @@ class RunRecord:
     wait: Any = None
     lease_owner: str = ""
     lease_expires_at: datetime | None = None
+    weights: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,8 @@ class WorkflowDefinition:
     body: WorkflowBody | None
     queue: str = ""
     remote: bool = False
-    concurrency: Concurrency | None = None
+    #: The quotas every start must pass, in their declared order (empty: unlimited).
+    concurrency: tuple[Concurrency, ...] = ()
     tags: tuple[str, ...] = ()
     on_event: tuple[str, ...] = ()
     schedules: tuple[ScheduleSpec, ...] = ()
@@ -184,11 +185,14 @@ def _same_registration(a: WorkflowDefinition, b: WorkflowDefinition) -> bool:
     )
 
 
-def _same_concurrency(a: Concurrency | None, b: Concurrency | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    return a.count_statuses == b.count_statuses and all(
-        _same_callable(x, y) for x, y in ((a.key, b.key), (a.limit, b.limit))
+def _same_concurrency(a: tuple[Concurrency, ...], b: tuple[Concurrency, ...]) -> bool:
+    return len(a) == len(b) and all(
+        x.count_statuses == y.count_statuses
+        and all(
+            _same_callable(p, q)
+            for p, q in ((x.key, y.key), (x.limit, y.limit), (x.weight, y.weight))
+        )
+        for x, y in zip(a, b, strict=True)
     )
 
 

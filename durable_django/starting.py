@@ -7,13 +7,17 @@
 
 1. **validate**: the workflow, the input (JSON), the run id, tags and namespace
    (:func:`prepare`, :func:`new_run`), before anything is written;
-2. **resolve the quota**: the per-start ``concurrency`` or else the workflow's, for this
-   input (:func:`durable_django.concurrency.resolve`): one key and one int limit, or none;
-3. **lock**: the quota key's lock, held until the transaction ends;
+2. **resolve the quotas**: the per-start ``concurrency`` or else the workflow's, for this
+   input (:func:`durable_django.concurrency.resolve`): for each quota one key, one int
+   limit and the run's weight, in their declared order, or none;
+3. **lock**: every quota key's lock, taken in key order, held until the transaction ends;
 4. **idempotency**: a ``run_id`` already taken returns that run, and is never refused
    (checked under the lock, so two starts racing with one run id make one run);
-5. **count**: the key's active runs; at the limit, :class:`ConcurrencyLimitError` (and
-   the ``run_refused`` signal), with nothing created;
+5. **count**: each key's active units (the weights of its counted runs); for the first
+   quota, in declared order, whose units and the run's weight exceed its limit,
+   :class:`ConcurrencyLimitError` (and the ``run_refused`` signal), with nothing created;
+   once the start's transaction has ended, the error is given its ``retry_after``
+   (:func:`durable_django.estimates.explain`);
 6. **insert**: the run and its tags; for a retry, the failed run made pending again;
 7. **enqueue on commit**: the Celery message, and ``run_started``, once the transaction
    commits.
@@ -29,6 +33,7 @@ PostgreSQL), and step 7 once for the batch (:meth:`Engine.send_many`).
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -37,6 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from asgiref.sync import sync_to_async
 
 from . import concurrency as quotas
+from . import estimates
 from .errors import ConcurrencyLimitError, DurableError, RunFailed
 from .limits import text_lengths
 from .records import NewRun, RunRecord
@@ -109,8 +115,8 @@ def start(
 ) -> RunHandle:
     """What :meth:`Engine.start <durable_django.Engine.start>` does."""
     definition, input, option = prepare(engine, workflow, input, concurrency)
-    quota = quotas.resolve(option, input, definition.name)
-    return admit(engine, definition, input, quota, run_id, tags, namespace)
+    resolved = quotas.resolve(option, input, definition.name)
+    return admit(engine, definition, input, resolved, run_id, tags, namespace)
 
 
 async def astart(
@@ -125,8 +131,8 @@ async def astart(
 ) -> RunHandle:
     """:func:`start` for async code: an async limit function is awaited on the loop."""
     definition, input, option = prepare(engine, workflow, input, concurrency)
-    quota = await quotas.aresolve(option, input, definition.name)
-    return await sync_to_async(admit)(engine, definition, input, quota, run_id, tags, namespace)
+    resolved = await quotas.aresolve(option, input, definition.name)
+    return await sync_to_async(admit)(engine, definition, input, resolved, run_id, tags, namespace)
 
 
 def start_child(
@@ -141,9 +147,9 @@ def start_child(
 ) -> RunHandle:
     """Start a child of ``parent``, in its namespace, under the child's quota."""
     definition, input, option = prepare(engine, workflow, input, concurrency)
-    quota = quotas.resolve(option, input, definition.name)
+    resolved = quotas.resolve(option, input, definition.name)
     return admit(
-        engine, definition, input, quota, run_id, tags, parent.namespace, parent_id=parent.run_id
+        engine, definition, input, resolved, run_id, tags, parent.namespace, parent_id=parent.run_id
     )
 
 
@@ -170,26 +176,34 @@ def start_together(
     undone alone, and the others go on; an unexpected error (the database refusing a
     write, a lost connection) undoes them all and sends nothing. The keys are locked in
     one order, by key then workflow name, and each lock is held until the transaction
-    ends: two batches sharing keys never wait on each other in a cycle.
+    ends: two batches sharing keys never wait on each other in a cycle. When a start has
+    several quotas, every key of the batch is locked first, in key order, before the
+    first start.
     """
     started: dict[int, RunHandle] = {}
     skipped: dict[int, Exception] = {}
-    ready: list[tuple[int, Planned, quotas.Quota | None]] = []
+    ready: list[tuple[int, Planned, tuple[quotas.Quota, ...]]] = []
     for index, start in enumerate(planned):
         try:
-            quota = quotas.resolve(start.definition.concurrency, start.input, start.definition.name)
+            resolved = quotas.resolve(
+                start.definition.concurrency, start.input, start.definition.name
+            )
         except (TypeError, ValueError) as error:
             skipped[index] = error
         else:
-            ready.append((index, start, quota))
-    ready.sort(key=lambda item: (item[2].key if item[2] else "", item[1].definition.name))
+            ready.append((index, start, resolved))
+    ready.sort(
+        key=lambda item: (min((q.key for q in item[2]), default=""), item[1].definition.name)
+    )
     store = engine.store
-    with store.atomic():
-        for index, start, quota in ready:
+    several = any(len(resolved) > 1 for _, _, resolved in ready)
+    keys = {quota.key for _, _, resolved in ready for quota in resolved}
+    with store.atomic(), store.quota_locks(keys) if several else contextlib.nullcontext():
+        for index, start, resolved in ready:
             try:
                 with store.atomic():  # a savepoint: a refusal undoes this start only
                     started[index] = admit(
-                        engine, start.definition, start.input, quota, start.run_id, (), None
+                        engine, start.definition, start.input, resolved, start.run_id, (), None
                     )
             except (DurableError, TypeError, ValueError) as error:
                 skipped[index] = error
@@ -208,11 +222,11 @@ def retry(
         run.workflow
     )
     option = _quota_option(definition, concurrency)
-    quota = quotas.resolve(option, run.input, run.workflow)
+    resolved = quotas.resolve(option, run.input, run.workflow)
     try:
-        engine.store.retry_run(run, quota, read_namespace=engine.read_namespace)
+        engine.store.retry_run(run, resolved, read_namespace=engine.read_namespace)
     except ConcurrencyLimitError as error:
-        _refused(engine, run.workflow, error)
+        _refused(engine, run.workflow, error, resolved)
         raise
     engine.send(run_id, run.queue)
     return RunHandle(engine, run_id, run.workflow, True)
@@ -249,7 +263,7 @@ def start_many(
 ) -> BatchStart:
     """What :meth:`Engine.start_many <durable_django.Engine.start_many>` does."""
     definition, option, batch = prepare_many(engine, workflow, inputs, run_ids, concurrency)
-    quotas_of = []
+    quotas_of: list[tuple[quotas.Quota, ...]] = []
     for index, (input, _) in enumerate(batch):
         with batch_index(index):
             quotas_of.append(quotas.resolve(option, input, definition.name))
@@ -268,7 +282,7 @@ async def astart_many(
 ) -> BatchStart:
     """:func:`start_many` for async code: an async limit function is awaited on the loop."""
     definition, option, batch = prepare_many(engine, workflow, inputs, run_ids, concurrency)
-    quotas_of = []
+    quotas_of: list[tuple[quotas.Quota, ...]] = []
     for index, (input, _) in enumerate(batch):
         with batch_index(index):
             quotas_of.append(await quotas.aresolve(option, input, definition.name))
@@ -281,8 +295,8 @@ def prepare_many(
     inputs: Iterable[Any],
     run_ids: Iterable[str | None] | None,
     concurrency: quotas.ConcurrencyOption,
-) -> tuple[WorkflowDefinition, quotas.Concurrency | None, list[tuple[Any, str | None]]]:
-    """Validate a batch: the definition, the quota that applies, and each input as JSON
+) -> tuple[WorkflowDefinition, tuple[quotas.Concurrency, ...], list[tuple[Any, str | None]]]:
+    """Validate a batch: the definition, the quotas that apply, and each input as JSON
     with its run id; an error names the index of the element at fault."""
     definition = engine.definition(workflow)
     option = _quota_option(definition, concurrency)
@@ -309,21 +323,22 @@ def admit_many(
     engine: Engine,
     definition: WorkflowDefinition,
     batch: Sequence[tuple[Any, str | None]],
-    quotas_of: Sequence[quotas.Quota | None],
+    quotas_of: Sequence[Sequence[quotas.Quota]],
     tags: Iterable[str],
     namespace: str | None,
 ) -> BatchStart:
     """The steps of a batch after its quotas are resolved: every run checked, then the
-    store's one transaction, then ``run_refused`` for each refusal, and on commit the
-    messages of the runs created, sent together, and ``run_started`` for each."""
+    store's one transaction, then each refusal explained and ``run_refused`` sent for it
+    (:func:`_refused_many`), and on commit the messages of the runs created, sent
+    together, and ``run_started`` for each."""
     tags = tuple(validate_tags(tags))  # the batch's, checked once, before any element
     if namespace is not None:
         validate_text(namespace, "namespace", text_lengths().namespace)
     requests = []
-    for index, ((input, run_id), quota) in enumerate(zip(batch, quotas_of, strict=True)):
+    for index, ((input, run_id), resolved) in enumerate(zip(batch, quotas_of, strict=True)):
         with batch_index(index):
-            run = new_run(engine, definition, input, quota, run_id, tags, namespace)
-        requests.append(StartRequest(run, quota, check_existing=run_id is not None))
+            run = new_run(engine, definition, input, resolved, run_id, tags, namespace)
+        requests.append(StartRequest(run, tuple(resolved), check_existing=run_id is not None))
     if not requests:
         return BatchStart([], [], [])
     outcomes = engine.store.start_runs(requests, read_namespace=engine.read_namespace)
@@ -333,18 +348,45 @@ def admit_many(
     for index, (request, outcome) in enumerate(zip(requests, outcomes, strict=True)):
         run = request.run
         if isinstance(outcome, ConcurrencyLimitError):
-            _refused(engine, run.workflow, outcome)
             refused.append((index, outcome))
             handles.append(None)
             continue
         if outcome.created:
             created.append(run)
         handles.append(RunHandle(engine, run.run_id, outcome.workflow, outcome.created))
+    if refused:
+        _refused_many(engine, definition.name, refused, requests)
     if created:
         engine.send_many([run.run_id for run in created], created[0].queue)
         for run in created:
             _announce_started(engine, run)
     return BatchStart([h for h in handles if h is not None], refused, handles)
+
+
+def _refused_many(
+    engine: Engine,
+    workflow: str,
+    refused: Sequence[tuple[int, ConcurrencyLimitError]],
+    requests: Sequence[StartRequest],
+) -> None:
+    """A batch's refusals, as :func:`_refused` does one (the store's transaction has
+    ended): each explained, then announced, in the batch's order. Refusals under one key,
+    limit, counted statuses and weight share one estimate: it reads the key's holders and
+    history once, whatever the number of elements the key refused."""
+    shared: dict[tuple[str, int, tuple[str, ...], int], estimates.Estimate] = {}
+    for index, error in refused:
+        quota = next(q for q in requests[index].quotas if q.key == error.key)
+        statuses = tuple(quota.count_statuses)
+        what = (error.key, error.limit, statuses, quota.weight)
+        if what in shared:
+            error.engine = engine
+            error.estimate = shared[what]
+            error.retry_after = error.estimate.seconds
+        else:
+            estimates.explain(engine, error, statuses, needed=quota.weight)
+            if error.estimate is not None:
+                shared[what] = error.estimate
+        send_signal(run_refused, type(engine), engine=engine, workflow=workflow, error=error)
 
 
 # the steps ----------------------------------------------------------------------------
@@ -355,9 +397,9 @@ def prepare(
     workflow: WorkflowRef,
     input: Any,
     concurrency: quotas.ConcurrencyOption,
-) -> tuple[WorkflowDefinition, Any, quotas.Concurrency | None]:
-    """Validate a start: the definition, the input as JSON, and the quota that applies
-    (a per-start one replaces the workflow's)."""
+) -> tuple[WorkflowDefinition, Any, tuple[quotas.Concurrency, ...]]:
+    """Validate a start: the definition, the input as JSON, and the quotas that apply
+    (a per-start list, or one, replaces the workflow's whole list)."""
     definition = engine.definition(workflow)
     input = json_copy(input, f"the input of workflow {definition.name!r}")
     return definition, input, _quota_option(definition, concurrency)
@@ -365,34 +407,35 @@ def prepare(
 
 def _quota_option(
     definition: WorkflowDefinition, concurrency: quotas.ConcurrencyOption
-) -> quotas.Concurrency | None:
-    option = quotas.for_start(concurrency) if concurrency is not None else None
-    return option or definition.concurrency
+) -> tuple[quotas.Concurrency, ...]:
+    if concurrency is None:
+        return definition.concurrency
+    return quotas.for_start(concurrency)
 
 
 def admit(
     engine: Engine,
     definition: WorkflowDefinition,
     input: Any,
-    quota: quotas.Quota | None,
+    resolved: Sequence[quotas.Quota],
     run_id: str | None,
     tags: Iterable[str],
     namespace: str | None,
     *,
     parent_id: str | None = None,
 ) -> RunHandle:
-    """The steps after the quota is resolved: lock, idempotency, count and insert in the
-    store, then the message and ``run_started`` on commit (or ``run_refused``)."""
-    run = new_run(engine, definition, input, quota, run_id, tags, namespace, parent_id)
+    """The steps after the quotas are resolved: locks, idempotency, counts and insert in
+    the store, then the message and ``run_started`` on commit (or ``run_refused``)."""
+    run = new_run(engine, definition, input, resolved, run_id, tags, namespace, parent_id)
     try:
         outcome = engine.store.start_run(
             run,
-            quota,
+            resolved,
             check_existing=run_id is not None,
             read_namespace=engine.read_namespace,
         )
     except ConcurrencyLimitError as error:
-        _refused(engine, run.workflow, error)
+        _refused(engine, run.workflow, error, resolved)
         raise
     if outcome.created:
         engine.send(run.run_id, run.queue)
@@ -404,21 +447,22 @@ def new_run(
     engine: Engine,
     definition: WorkflowDefinition,
     input: Any,
-    quota: quotas.Quota | None,
+    resolved: Sequence[quotas.Quota],
     run_id: str | None,
     tags: Iterable[str],
     namespace: str | None,
     parent_id: str | None = None,
 ) -> NewRun:
     """The run to insert, its id, tags and namespace checked (a new id when none is
-    given; the engine's namespace when none is given)."""
+    given; the engine's namespace when none is given), with one tag per quota, weighing
+    the quota's weight."""
     config = engine.config
     lengths = text_lengths()
     if run_id is None:
         run_id = uuid.uuid4().hex
     else:
         validate_text(run_id, "run_id", lengths.run_id)
-    all_tags = (*definition.tags, *validate_tags(tags), *((quota.tag,) if quota else ()))
+    all_tags = (*definition.tags, *validate_tags(tags), *(quota.tag for quota in resolved))
     return NewRun(
         run_id=run_id,
         workflow=definition.name,
@@ -432,10 +476,24 @@ def new_run(
         tags=tuple(dict.fromkeys(all_tags)),
         queue=definition.queue if definition.remote else config.queue,
         parent_id=parent_id,
+        weights={quota.tag: quota.weight for quota in resolved if quota.weight != 1},
     )
 
 
-def _refused(engine: Engine, workflow: str, error: ConcurrencyLimitError) -> None:
+def _refused(
+    engine: Engine,
+    workflow: str,
+    error: ConcurrencyLimitError,
+    resolved: Sequence[quotas.Quota],
+) -> None:
+    """A refusal: explained (the store's transaction has ended), then announced."""
+    quota = next((quota for quota in resolved if quota.key == error.key), None)
+    estimates.explain(
+        engine,
+        error,
+        quota.count_statuses if quota else quotas.DEFAULT_CONCURRENCY_STATUSES,
+        needed=quota.weight if quota else 1,
+    )
     send_signal(run_refused, type(engine), engine=engine, workflow=workflow, error=error)
 
 

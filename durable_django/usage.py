@@ -24,8 +24,9 @@ RECENT_RUNS = 50
 
 @dataclass(frozen=True, slots=True)
 class QuotaUsage:
-    """One quota key: its active runs, the workflows they belong to, and the limit
-    declared for it (``None`` when nothing declares one, or its limit function failed).
+    """One quota key: its active runs (in units: each run counts its weight, 1 unless
+    its quota says more), the workflows they belong to, and the limit declared for it
+    (``None`` when nothing declares one, or its limit function failed).
 
     ``limit_computed`` tells the limit came from a limit function called with this key;
     ``limit_error`` holds what a failing limit function raised.
@@ -59,7 +60,7 @@ class DeclaredLimit:
 
 
 def active_keys(store: BaseStore, namespace: str | None) -> dict[str, dict[str, int]]:
-    """``{key: {workflow: active runs}}`` for every quota key holding active runs."""
+    """``{key: {workflow: active units}}`` for every quota key holding active runs."""
     return store.quota_keys(DEFAULT_CONCURRENCY_STATUSES, namespace)
 
 
@@ -100,13 +101,21 @@ def workflow_limit(engine: Engine, workflow: str, key: str) -> DeclaredLimit | N
     """The limit ``workflow``'s latest version declares for ``key`` (its limit function,
     sync or async, called with the key), or ``None`` when it declares no quota. A limit
     function that fails is reported, unless the key is not one of the workflow's own
-    (see :func:`started_under`)."""
+    (see :func:`started_under`). Of a list of quotas, the one whose key function gives
+    ``key`` for the input of the key's latest run of the workflow."""
     try:
-        concurrency = engine.registry.latest(workflow).concurrency
+        declared = engine.registry.latest(workflow).concurrency
     except LookupError:
         return None
-    if concurrency is None:
+    if not declared:
         return None
+    if len(declared) == 1:
+        concurrency = declared[0]
+    else:
+        found = quota_of_key(engine, workflow, declared, key)
+        if found is None:
+            return None
+        concurrency = found
     try:
         limit = limit_for(concurrency, key, workflow)
     except Exception as error:  # the function's own error, whatever it is: shown, not raised
@@ -115,6 +124,25 @@ def workflow_limit(engine: Engine, workflow: str, key: str) -> DeclaredLimit | N
         cause = error.__cause__ or error
         return DeclaredLimit(error=f"{type(cause).__qualname__}: {cause}")
     return DeclaredLimit(limit, computed=callable(concurrency.limit))
+
+
+def quota_of_key(
+    engine: Engine, workflow: str, declared: Iterable[Concurrency], key: str
+) -> Concurrency | None:
+    """The first of ``declared`` whose key function gives ``key`` for the input of the
+    key's latest run of ``workflow`` (``None``: none does, or the key has no run)."""
+    runs = engine.store.list_runs(
+        tag=quota_tag(key), workflow=workflow, namespace=engine.read_namespace, limit=1
+    )
+    if not runs:
+        return None
+    for concurrency in declared:
+        try:
+            if callable(concurrency.key) and concurrency.key(runs[0].input) == key:
+                return concurrency
+        except Exception:  # the key function refuses this input: not this quota
+            continue
+    return None
 
 
 def started_under(engine: Engine, workflow: str, concurrency: Concurrency, key: str) -> bool:

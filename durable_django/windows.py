@@ -116,13 +116,24 @@ class ScheduleSpec:
                 "key": concurrency.key,
                 "limit": concurrency.limit,
                 "count_statuses": list(concurrency.count_statuses),
+                **({} if concurrency.weight == 1 else {"weight": concurrency.weight}),
             }
         spec = cls(**options)
         validate_text(spec.key, "a schedule key", text_lengths().schedule_key)
         validate_timing(spec.cron, spec.timezone, spec.interval)
         json_copy(spec.input, f"the input of schedule {spec.key!r}")
         if spec.concurrency is not None:
-            quotas.for_start(spec.concurrency)
+            if not isinstance(spec.concurrency, Mapping):
+                raise TypeError(
+                    f"schedule {spec.key!r}: its own concurrency is one quota (a Concurrency "
+                    f"or a dict), not {type(spec.concurrency).__name__}"
+                )
+            (own,) = quotas.for_start(spec.concurrency)
+            if own.weight != 1:
+                raise ValueError(
+                    f"schedule {spec.key!r}: its own quota takes no weight (its runs weigh 1); "
+                    f"a weight is declared on the workflow's quotas"
+                )
         if apps.models_ready:  # else the tick's sync meets what the database refuses
             from .models import column_errors  # the model exists once the registry is ready
 
@@ -153,13 +164,14 @@ def schedule_quota(
         return None
     if limit is None:
         raise ValueError("a schedule's concurrency key needs a limit")
-    return quotas.for_start(
+    (own,) = quotas.for_start(
         {
             "key": key,
             "limit": limit,
             "count_statuses": statuses or quotas.DEFAULT_CONCURRENCY_STATUSES,
         }
     )
+    return own
 
 
 # windows ----------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Views that raise a quota refusal, for the 429 tests (``tests/test_http.py``)."""
 
+from django.http import HttpResponse
 from django.urls import path
 
 from durable_django import ConcurrencyLimitError
+from durable_django import engine as default_engine
 
 REFUSAL = ConcurrencyLimitError("chat.turn", "tenant:acme", 8, 8)
 
@@ -15,4 +17,20 @@ async def async_refusing_view(request):
     raise REFUSAL
 
 
-urlpatterns = [path("sync", refusing_view), path("async", async_refusing_view)]
+def starting_view(request, key):
+    """Starts a run of ``tests.echo`` (limit 3) under ``key``."""
+    default_engine.start("tests.echo", {"key": key})
+    return HttpResponse("started", status=202)
+
+
+async def async_starting_view(request, key):
+    await default_engine.astart("tests.echo", {"key": key})
+    return HttpResponse("started", status=202)
+
+
+urlpatterns = [
+    path("sync", refusing_view),
+    path("async", async_refusing_view),
+    path("start/<str:key>", starting_view),
+    path("astart/<str:key>", async_starting_view),
+]

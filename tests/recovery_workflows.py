@@ -112,3 +112,33 @@ def parent(ctx, input):
     output = ctx.child(child, {"log": input["log"], "release": input["release"], "value": 7})
     ctx.step("after", mark, input["log"], "after")
     return {"from_child": output}
+
+
+def write_and_mark(log: str, name: str) -> str:
+    """A step that writes a row of the store's database (a ``Signal`` under the log's
+    path) and logs its name: the row commits with the step's transaction, or not at all;
+    the log line is written whatever happens."""
+    from durable_django.models import Signal
+
+    Signal.objects.create(token=f"written:{log}", payload=name)
+    return mark(log, name)
+
+
+def _write_then_block(ctx, input, call):
+    call("W", write_and_mark, input["log"], "W")
+    # The body's own code, between two durable calls: a worker may die here.
+    block(input["log"], "body", input["release"])
+    ctx.step("C", mark, input["log"], "C")
+    return {"done": True}
+
+
+@workflow(name="tests.recovery.transaction_then_block")
+def transaction_then_block(ctx, input):
+    """A transactional step writing a row, then the body blocks until released."""
+    return _write_then_block(ctx, input, ctx.transaction)
+
+
+@workflow(name="tests.recovery.step_then_block")
+def step_then_block(ctx, input):
+    """The same with a plain step: its record waits for the next durable call."""
+    return _write_then_block(ctx, input, ctx.step)

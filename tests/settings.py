@@ -4,6 +4,8 @@
 import os
 import tempfile
 
+import django
+
 DB = os.environ.get("DURABLE_TEST_DB", "sqlite")
 
 SECRET_KEY = "tests-only"
@@ -100,6 +102,27 @@ if os.environ.get("DURABLE_TEST_DB_NAME"):
 CELERY_BROKER_URL = os.environ.get("DURABLE_TEST_BROKER", "redis://127.0.0.1:6379/15")
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
+
+# Django's tasks framework (Django >= 6.0) on the durable backend: tests/test_django_tasks.py.
+# (Before 6.0 the setting would only earn the warning durable_django.W007.)
+if django.VERSION[:2] >= (6, 0):
+    TASKS = {
+        "default": {
+            "BACKEND": "durable_django.tasks_backend.DurableTaskBackend",
+            "OPTIONS": {
+                "concurrency": {
+                    "tests.django_task_functions.gated": {
+                        "key_function": "tests.django_task_functions.gate_key",
+                        "limit": 2,
+                    },
+                    "tests.django_task_functions.keyed_badly": {
+                        "key_function": "tests.django_task_functions.broken_key",
+                        "limit": 2,
+                    },
+                }
+            },
+        }
+    }
 
 # Most tests drive runs in-process; the worker tests turn sending on.
 DURABLE = {"ENQUEUE": False}

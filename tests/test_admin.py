@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import re
 from html import unescape
 
@@ -15,6 +16,7 @@ from django.db import connection
 from django.test import Client, RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from durable_django import RunStatus
 from durable_django import engine as default_engine
@@ -600,6 +602,12 @@ def test_the_quota_page_shows_a_full_bar_for_a_key_at_its_limit(admin_client):
     response = admin_client.get(reverse(QUOTAS))
     assert response.status_code == 200
     rows = {row["key"]: row for row in response.context["rows"]}
+    oldest_age = rows["tenant:acme"].pop("oldest_age")
+    assert 0 <= oldest_age < 60
+    assert rows["tenant:acme"].pop("oldest_age_text").endswith(("ms", "s"))
+    # No run of the key has finished yet: nothing to estimate the next slot from.
+    assert rows["tenant:acme"].pop("next_slot") is None
+    assert rows["tenant:acme"].pop("next_slot_text") == "unknown (no history)"
     assert rows["tenant:acme"] == {
         "key": "tenant:acme",
         "tag": "concurrency:tenant:acme",
@@ -626,6 +634,44 @@ def test_the_quota_page_shows_a_full_bar_for_a_key_at_its_limit(admin_client):
     # The link lists the runs holding the key's slots.
     listed = admin_client.get(rows["tenant:acme"]["runs_url"]).context["cl"].result_list
     assert len(listed) == 3
+
+
+def test_the_quota_page_shows_the_oldest_holder_and_the_next_slot(admin_client):
+    now = timezone.now()
+    for _ in range(4):
+        run_id = start_echo("tenant:acme")
+        force_status(
+            default_engine,
+            run_id,
+            RunStatus.COMPLETED,
+            created_at=now - datetime.timedelta(seconds=100),
+            finished_at=now - datetime.timedelta(seconds=40),
+        )
+    for age in (50, 20, 5):
+        run_id = start_echo("tenant:acme")
+        force_status(
+            default_engine,
+            run_id,
+            RunStatus.RUNNING,
+            created_at=now - datetime.timedelta(seconds=age),
+        )
+    start_echo("tenant:globex")  # not full: a slot is free
+
+    response = admin_client.get(reverse(QUOTAS))
+    rows = {row["key"]: row for row in response.context["rows"]}
+    acme = rows["tenant:acme"]
+    assert 50 <= acme["oldest_age"] < 55
+    assert acme["oldest_age_text"].startswith("5")  # 50 s and a little
+    assert 5 < acme["next_slot"] <= 10  # 60 s runs, the oldest 50 s old
+    assert acme["next_slot_text"].startswith("in about ")
+    assert "from 4 finished runs, typically 1 min 0 s" in acme["next_slot_text"]
+    assert rows["tenant:globex"]["next_slot_text"] == "free now"
+
+    html = response.content.decode()
+    assert f'data-seconds="{acme["next_slot"]}"' in html
+    assert "from 4 finished runs, typically 1 min 0 s" in html
+    assert "free now" in html
+    assert "Oldest holder" in html and "Next slot" in html
 
 
 def test_the_quota_page_for_one_key(admin_client):

@@ -75,18 +75,21 @@ def test_a_per_start_quota_takes_a_str_key_and_an_int_limit():
         for_start({"key": lambda i: "k", "limit": 1})
     with pytest.raises(TypeError, match="per-start concurrency limit must be an int"):
         for_start({"key": "k", "limit": lambda key: 1})
-    assert for_start(None) is None
+    with pytest.raises(TypeError, match="per-start concurrency weight must be an int"):
+        for_start({"key": "k", "limit": 3, "weight": lambda i: 1})
+    assert for_start(None) == ()
+    assert for_start({"key": "k", "limit": 2}) == (Concurrency("k", 2),)
 
 
 def test_resolve_key_function_and_int_limit():
     quota = Concurrency(key=lambda input: f"tenant:{input['t']}", limit=8)
-    resolved = resolve(quota, {"t": "acme"}, "wf")
+    (resolved,) = resolve([quota], {"t": "acme"}, "wf")
     assert resolved == Quota("tenant:acme", 8, DEFAULT_CONCURRENCY_STATUSES)
     assert resolved.tag == quota_tag("tenant:acme") == "concurrency:tenant:acme"
 
 
 def test_a_key_of_none_leaves_the_start_unlimited():
-    assert resolve(Concurrency(key=lambda input: None, limit=1), {}, "wf") is None
+    assert resolve([Concurrency(key=lambda input: None, limit=1)], {}, "wf") == ()
 
 
 def test_limit_function_receives_the_key():
@@ -96,7 +99,7 @@ def test_limit_function_receives_the_key():
         seen.append(key)
         return 3
 
-    assert resolve(Concurrency(key=lambda i: "a", limit=limit), {}, "wf").limit == 3
+    assert resolve([Concurrency(key=lambda i: "a", limit=limit)], {}, "wf")[0].limit == 3
     assert seen == ["a"]
 
 
@@ -104,11 +107,12 @@ def test_async_limit_function_from_sync_code():
     async def limit(key):
         return 5
 
-    assert resolve(Concurrency(key=lambda i: "a", limit=limit), {}, "wf").limit == 5
+    assert resolve([Concurrency(key=lambda i: "a", limit=limit)], {}, "wf")[0].limit == 5
 
 
 async def _aresolve(concurrency):
-    return await aresolve(concurrency, {}, "wf")
+    (quota,) = await aresolve([concurrency], {}, "wf")
+    return quota
 
 
 def test_aresolve_awaits_async_and_runs_sync_limit_functions():
@@ -136,5 +140,5 @@ def test_aresolve_awaits_async_and_runs_sync_limit_functions():
 )
 def test_bad_key_or_limit_at_start_time(key, limit, error, message):
     with pytest.raises(error, match=message) as caught:
-        resolve(Concurrency(key=key, limit=limit), {}, "my.workflow")
+        resolve([Concurrency(key=key, limit=limit)], {}, "my.workflow")
     assert "my.workflow" in str(caught.value)

@@ -55,7 +55,8 @@ def test_a_dict_quota_on_the_decorator(memory_engine: Engine):
     def q(ctx, input):
         return None
 
-    assert q.definition.concurrency == Concurrency(q.definition.concurrency.key, 1)
+    (declared,) = q.definition.concurrency
+    assert declared == Concurrency(declared.key, 1)
 
 
 def test_only_base_workflow_subclasses_or_functions():

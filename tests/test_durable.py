@@ -184,13 +184,32 @@ def test_a_refused_child_is_a_failed_child_and_replays_the_same(engine: Engine):
             return ctx.child("child", {})
         except ChildWorkflowError as error:
             seen.append(error.cause)
-            return {"refused": error.cause.key, "active": error.cause.active}
+            return {
+                "refused": error.cause.key,
+                "active": error.cause.active,
+                "retry_after": error.cause.retry_after,
+            }
 
     engine.register("parent", "1", parent)
     blocker = engine.start("child", {}, concurrency={"key": "k", "limit": 5})
+    # The key has a history: the blocker is 5 s into runs that last 8 s.
+    done = engine.start("child", {}, concurrency={"key": "k", "limit": 5})
+    now = timezone.now()
+    force_status(
+        engine,
+        done.run_id,
+        RunStatus.COMPLETED,
+        created_at=now - datetime.timedelta(seconds=10),
+        finished_at=now - datetime.timedelta(seconds=2),
+    )
+    force_status(
+        engine, blocker.run_id, RunStatus.PENDING, created_at=now - datetime.timedelta(seconds=5)
+    )
     handle = engine.start("parent", {})
     engine.execute(handle.run_id)
-    assert handle.result() == {"refused": "k", "active": 1}
+    result = handle.result()
+    assert (result["refused"], result["active"]) == ("k", 1)
+    assert 2 < result["retry_after"] <= 3
     assert isinstance(seen[0], ConcurrencyLimitError)
     with pytest.raises(RunNotFound):
         engine.get_run(f"{handle.run_id}/0")  # nothing created
@@ -198,7 +217,7 @@ def test_a_refused_child_is_a_failed_child_and_replays_the_same(engine: Engine):
     engine.cancel(blocker.run_id)
     force_status(engine, handle.run_id, RunStatus.PENDING)
     engine.execute(handle.run_id)
-    assert handle.result() == {"refused": "k", "active": 1}
+    assert handle.result() == result  # retry_after included: it was recorded
 
 
 def test_step_retries_wait_on_durable_timers(engine: Engine):

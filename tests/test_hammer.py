@@ -533,7 +533,8 @@ def _restart_wave(engine: Any, run_id: str, key: str) -> list[tuple[str, Any]]:
 def test_concurrent_restarts_of_one_run_id_create_it_once(fast_path: bool, others: int) -> None:
     engine = make_engine(fast_path)
     key = fresh_keys(1)[0]
-    limit = ECHO.concurrency.limit
+    (declared,) = ECHO.concurrency
+    limit = declared.limit
     assert others < limit
     for n in range(others):
         engine.start(ECHO, {"key": key, "text": str(n)})

@@ -20,9 +20,15 @@ postgresql_only = pytest.mark.skipif(
 )
 
 APP = "durable_django"
-#: The migrations installing functions, in order; the last one leaves them all installed.
-FUNCTIONS_MIGRATIONS = [(APP, "0002_postgresql_functions"), (APP, "0003_start_runs_function")]
-FUNCTIONS_MIGRATION = FUNCTIONS_MIGRATIONS[-1]
+FUNCTIONS_MIGRATION = (APP, "0002_postgresql_functions")
+#: Every migration installing functions, in order; the last of them is the app's latest
+#: migration and leaves them all installed.
+FUNCTIONS_MIGRATIONS = [
+    FUNCTIONS_MIGRATION,
+    (APP, "0003_quota_weights"),
+    (APP, "0004_start_runs_function"),
+]
+LATEST = FUNCTIONS_MIGRATIONS[-1]
 
 
 def installed(schema: str) -> dict[str, str]:
@@ -83,18 +89,27 @@ def test_the_functions_migration_reverses_and_honours_the_routers():
     names = sorted(function_definitions())
     schema = current_schema()
     assert sorted(installed(schema)) == names
-    # Everything below is rolled back with the test's transaction.
+    # Everything below is rolled back with the test's transaction. A migration refused
+    # by the routers changes nothing, 0003's column included: a refused migration back
+    # is followed by a refused one forward, which brings the recorded state and the
+    # schema back in step.
     with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
         migrate((APP, "0001_initial"))
-    assert sorted(installed(schema)) == names  # refused: not dropped
-    migrate(FUNCTIONS_MIGRATION)
+        assert sorted(installed(schema)) == names  # refused: not dropped
+        migrate(LATEST)
     migrate((APP, "0001_initial"))
     assert installed(schema) == {}
     with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
-        migrate(FUNCTIONS_MIGRATION)
-    assert installed(schema) == {}  # refused: not installed
-    migrate((APP, "0001_initial"))
+        migrate(LATEST)
+        assert installed(schema) == {}  # refused: not installed
+        migrate((APP, "0001_initial"))
     migrate(FUNCTIONS_MIGRATION)
+    assert "durable_start_run_v1" in installed(schema)
+    assert "durable_start_run_v2" not in installed(schema)
+    migrate((APP, "0003_quota_weights"))
+    assert "durable_start_run_v2" in installed(schema)
+    assert "durable_start_runs_v1" not in installed(schema)
+    migrate(LATEST)
     assert sorted(installed(schema)) == names
 
 
@@ -159,3 +174,77 @@ def test_the_file_is_read_whole():
 def test_an_operation_naming_a_function_the_file_does_not_define_is_refused():
     with pytest.raises(ValueError, match="durable_nothing_v1"):
         InstallFunctions(["durable_start_run_v1", "durable_nothing_v1"])
+
+
+# the start functions side by side ----------------------------------------------------
+
+ACTIVE = ["pending", "running", "suspended", "blocked"]
+START_V1 = (
+    "SELECT outcome, active FROM durable_start_run_v1("
+    "%s, false, 'wf', '1', 'default', '{}'::jsonb, %s::text[], '', NULL, 1, %s, %s::text[], "
+    "%s, NULL)"
+)
+START_V2 = (
+    "SELECT outcome, refused, active FROM durable_start_run_v2("
+    "%s, false, 'wf', '1', 'default', '{}'::jsonb, %s::text[], '', NULL, 1, %s::text[], "
+    "%s::integer[], %s::integer[], %s::text[], NULL)"
+)
+
+
+def start_v2(run_id: str, quotas: list[tuple[str, int, int]]) -> tuple[str, int | None, int]:
+    """One call of ``durable_start_run_v2`` under ``(key, limit, weight)`` quotas."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            START_V2,
+            [
+                run_id,
+                [f"concurrency:{key}" for key, _, _ in quotas],
+                [key for key, _, _ in quotas],
+                [limit for _, limit, _ in quotas],
+                [weight for _, _, weight in quotas],
+                [list(ACTIVE) for _ in quotas],  # a list each: psycopg dumps no shared one
+            ],
+        )
+        return cursor.fetchone()
+
+
+@postgresql_only
+@pytest.mark.django_db
+def test_the_previous_start_function_still_starts_runs_that_weigh_one():
+    """A worker of the previous release, mid-deploy, calls durable_start_run_v1: its runs
+    count as one unit each for the new function, and its count sees theirs."""
+    from durable_django.models import RunTag
+
+    with connection.cursor() as cursor:
+        cursor.execute(START_V1, ["old-1", ["concurrency:k"], "k", ACTIVE, 3])
+        assert cursor.fetchone() == ("created", 0)
+    assert RunTag.objects.get(run_id="old-1").weight == 1
+    assert start_v2("new-1", [("k", 3, 2)]) == ("created", None, 1)
+    assert start_v2("new-2", [("j", 9, 1), ("k", 3, 1)]) == ("refused", 2, 3)
+    with connection.cursor() as cursor:
+        # The previous function counts runs, not units: it sees 2 runs under limit 3.
+        cursor.execute(START_V1, ["old-2", ["concurrency:k"], "k", ACTIVE, 3])
+        assert cursor.fetchone() == ("created", 2)
+
+
+@postgresql_only
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("quotas", "message"),
+    [
+        ([("k", 3, 1), ("k", 3, 1)], "takes each key once"),
+        ([("k", 3, 0)], "weight 0 of key k is below 1"),
+    ],
+)
+def test_the_start_function_refuses_what_its_callers_must_not_send(quotas, message):
+    from django.db import DatabaseError, transaction
+
+    with pytest.raises(DatabaseError, match=message), transaction.atomic():
+        start_v2("bad", quotas)
+    rows = [list(ACTIVE), list(ACTIVE)]
+    with (
+        pytest.raises(DatabaseError, match="one limit, weight and row of statuses per key"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(START_V2, ["bad", [], ["a", "b"], [1], [1, 1], rows])

@@ -5,13 +5,14 @@ path and its portable path). And a broken store, which the suite must catch."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
 import pytest
 from django.db import connection
 
+from durable_django.concurrency import Quota
 from durable_django.records import StepRecord
 from durable_django.status import RunStatus
 from durable_django.stores import BaseStore, MemoryStore, OrmStore
@@ -57,6 +58,29 @@ class CountsEveryStatus(MemoryStore):
     ) -> int:
         return super().count_runs(tag=tag, namespace=namespace)
 
+    def quota_units(self, quotas: Sequence[Quota], namespace: str | None) -> list[int]:
+        return super().quota_units(
+            [dataclasses.replace(q, count_statuses=tuple(RunStatus.values)) for q in quotas],
+            namespace,
+        )
+
+
+class CountsRunsNotUnits(MemoryStore):
+    """Counts each run as one unit, whatever its weight: a weighted quota over-admits."""
+
+    def quota_units(self, quotas: Sequence[Quota], namespace: str | None) -> list[int]:
+        return [
+            self.count_runs(tag=q.tag, statuses=q.count_statuses, namespace=namespace)
+            for q in quotas
+        ]
+
+
+class ChecksTheFirstQuotaOnly(MemoryStore):
+    """Checks the first quota of a list only: a start over another key's limit gets in."""
+
+    def start_run(self, run: Any, quotas: Any, **options: Any) -> Any:
+        return super().start_run(run, list(quotas)[:1], **options)
+
 
 class LosesTakenSignals(MemoryStore):
     """Consumes a signal before recording it: a failed record loses the signal."""
@@ -95,7 +119,8 @@ def failures(make_store: Callable[[], BaseStore]) -> set[str]:
         if name.startswith("test_"):
             try:
                 getattr(StoreContract(), name)(make_store())
-            except Exception:  # an assertion, or an error a correct store never raises
+            # an assertion, an error a correct store never raises, or pytest.raises failing
+            except (Exception, pytest.fail.Exception):
                 failed.add(name)
     return failed
 
@@ -124,6 +149,14 @@ def test_the_memory_store_passes_when_called_directly():
                 "test_only_the_quotas_statuses_hold_a_slot",
             },
         ),
+        (
+            CountsRunsNotUnits,
+            {
+                "test_a_run_occupies_its_weight",
+                "test_several_weighted_quotas_count_each_key_in_its_namespace",
+            },
+        ),
+        (ChecksTheFirstQuotaOnly, {"test_a_start_under_several_quotas_needs_every_one"}),
         (LosesTakenSignals, {"test_a_signal_whose_record_fails_stays_kept"}),
         (PurgesTheWrongEnd, {"test_purge_runs_goes_by_id_in_batches"}),
     ],

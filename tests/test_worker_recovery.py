@@ -32,13 +32,23 @@ from django.utils import timezone
 from durable_django import ConcurrencyLimitError, RunStatus
 from durable_django import engine as default_engine
 from durable_django.engines import send_run
-from durable_django.models import Run
+from durable_django.models import Run, Signal
 from durable_django.stores.base import StepRecord
 
 from .brokers import Broker
 from .celery_app import app
 from .helpers import run_of, status_is, steps_of
-from .recovery_workflows import abc, hold_file, log_lines, once, parent, sleeper, waiter
+from .recovery_workflows import (
+    abc,
+    hold_file,
+    log_lines,
+    once,
+    parent,
+    sleeper,
+    step_then_block,
+    transaction_then_block,
+    waiter,
+)
 from .worker import Worker, running_worker, unique_queue, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -193,6 +203,43 @@ def test_a_run_whose_worker_is_killed_mid_step_is_finished_by_another(
     assert steps_of(handle.run_id) == [(0, "A", "A"), (1, "B", "B"), (2, "C", "C")]
     # The slot freed when the run ended.
     assert once.dispatch(run_files(tmp_path, "after"), concurrency=quota).created
+
+
+@pytest.mark.parametrize(
+    ("workflow", "ran", "rows"),
+    [
+        # Committed with its record: the next worker replays it.
+        (transaction_then_block, ["W", "body", "body", "C"], 1),
+        # Its record was still to be written: the next worker runs it again.
+        (step_then_block, ["W", "body", "W", "body", "C"], 2),
+    ],
+    ids=["transaction", "step"],
+)
+def test_a_worker_killed_after_a_transactional_steps_commit_does_not_write_again(
+    own_queue: str, tmp_path: Path, workflow: Any, ran: list[str], rows: int
+) -> None:
+    files = run_files(tmp_path, "run")
+    first = recovery_worker(own_queue)
+    try:
+        first.start()
+        handle = workflow.dispatch(files)
+        wait_until(lambda: log_lines(files["log"]) == ["W", "body"], "the body to block", first)
+        kill_group(first, signal.SIGKILL)
+        assert first.process is not None
+        first.process.wait()
+    finally:
+        first.stop()
+        first.discard_log()
+
+    Path(files["release"]).touch()
+    with running_worker(own_queue, include=WORKFLOWS, env=worker_env(own_queue)) as second:
+        wait_lease_lapsed(handle.run_id)
+        assert default_engine.tick().recovered == 1
+        assert second.result(handle) == {"done": True}
+
+    assert log_lines(files["log"]) == ran
+    assert Signal.objects.filter(token=f"written:{files['log']}").count() == rows
+    assert steps_of(handle.run_id) == [(0, "W", "W"), (1, "C", "C")]
 
 
 def test_a_stalled_worker_that_lost_its_lease_records_nothing_when_it_resumes(

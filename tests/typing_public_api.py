@@ -30,6 +30,8 @@ from durable_django import (
 
 # Every name the reference documents, imported from where it says: each must be exported
 # explicitly there (mypy --strict refuses a name a module merely imports).
+from durable_django.django_tasks import DurableTask as DjangoTasksDurableTask
+from durable_django.django_tasks import DurableTaskBackend as DjangoTasksDurableTaskBackend
 from durable_django.engines import RunHandle as EnginesRunHandle
 from durable_django.engines import TickResult
 from durable_django.events import PublishResult, event_run_id, publish
@@ -79,7 +81,9 @@ from durable_django.stores import (
     Store,
 )
 from durable_django.stores.base import RunRecord as BaseRunRecord
+from durable_django.task_quotas import TaskQuota, task_quota, task_quotas
 from durable_django.tasks import beat_schedule, execute_run, tick
+from durable_django.tasks_backend import DurableTask, DurableTaskBackend
 from durable_django.testing import StoreContract, run_until_idle
 from durable_django.ticker import Ticker
 from durable_django.usage import QuotaUsage, quota_usage
@@ -88,13 +92,26 @@ from durable_django.usage import QuotaUsage, quota_usage
 @workflow(name="typing.total", concurrency={"key": lambda input: "k", "limit": 2})
 def total(ctx: Context, input: dict[str, int]) -> int:
     assert_type(ctx.run_id, str)
-    return int(ctx.step("sum", sum, input.values(), retries=2))
+    counted = ctx.transaction("count", len, input, retries=1, backoff=lambda attempt: 2.0)
+    return int(ctx.step("sum", sum, input.values(), retries=2)) + int(counted)
 
 
 @workflow(name="typing.report", concurrency=Concurrency(key=lambda input: None, limit=1))
 class Report(BaseWorkflow):
     def run(self, ctx: Context, input: Any) -> Any:
         return ctx.child(total, {"a": 1}, concurrency={"key": "child", "limit": 1})
+
+
+@workflow(
+    name="typing.turn",
+    concurrency=[
+        Concurrency(key=lambda i: f"tenant:{i['tenant']}", limit=lambda key: 8),
+        Concurrency(key=lambda i: "gpu", limit=10, weight=lambda i: int(i["gpus"])),
+        {"key": lambda i: f"user:{i['user']}", "limit": 2},
+    ],
+)
+def turn(ctx: Context, input: Any) -> Any:
+    return None
 
 
 def declared() -> None:
@@ -107,6 +124,10 @@ def declared() -> None:
 def starts(engine: Engine) -> None:
     assert_type(total.dispatch({"a": 1}, run_id="r1", tags=["t"]), RunHandle)
     assert_type(Report.dispatch(None, concurrency=Concurrency("k", 3)), RunHandle)
+    assert_type(
+        turn.dispatch(None, concurrency=[Concurrency("k", 3, weight=2), {"key": "u", "limit": 1}]),
+        RunHandle,
+    )
     assert_type(engine.start("typing.total", {"a": 1}, namespace="n"), RunHandle)
     assert_type(durable_django.engine, Engine)
     assert_type(engine.retry("r1"), RunHandle)
@@ -141,4 +162,25 @@ def misuses(engine: Engine) -> None:
     total.dispatch({"a": 1}, run_id=1)  # type: ignore[arg-type]
     total.dispatch_many([{"a": 1}], run_id="r1")  # type: ignore[call-arg]
     Concurrency("k", limit="8")  # type: ignore[arg-type]
+    Concurrency("k", limit=8, weight="2")  # type: ignore[arg-type]
     workflow(name="typing.none")(42)  # type: ignore[call-overload]
+
+
+# Django's tasks framework on durable runs: the backend is a BaseTaskBackend, its enqueue
+# typed as Django's.
+def _tasks_backend(backend: DurableTaskBackend) -> None:
+    from django.tasks import TaskResult, task
+    from django.tasks.backends.base import BaseTaskBackend
+
+    assert_type(backend.supports_defer, bool)
+    assert isinstance(backend, BaseTaskBackend)
+
+    @task
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    assert_type(add.enqueue(1, b=2).return_value, int)
+    assert_type(backend.get_result("id"), TaskResult[..., Any])
+    add.enqueue("one", 2)  # type: ignore[arg-type]
+    assert_type(backend.quota(add), TaskQuota | None)
+    assert_type(task_quota("app.tasks.add", {"key": "k", "limit": 1}), TaskQuota)

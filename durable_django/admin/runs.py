@@ -22,6 +22,7 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
+from .. import estimates
 from ..concurrency import DEFAULT_CONCURRENCY_STATUSES, quota_tag
 from ..engines import default_engine
 from ..errors import ConcurrencyLimitError, DurableError
@@ -44,6 +45,7 @@ from .display import (
 )
 
 if TYPE_CHECKING:
+    from ..estimates import Estimate
     from ..usage import QuotaUsage
 
     # django-stubs makes ModelAdmin generic in its model; Django's own class takes no
@@ -537,7 +539,10 @@ class RunAdmin(_ModelAdmin):
             raise PermissionDenied
         key = request.GET.get("key", "").strip() or None
         changelist = reverse(self._urlname("changelist"), current_app=self.admin_site.name)
-        rows = [quota_row(usage, changelist) for usage in default_engine.quota_usage(key)]
+        rows = [
+            quota_row(usage, changelist, estimates.for_usage(default_engine, usage))
+            for usage in default_engine.quota_usage(key)
+        ]
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -574,8 +579,11 @@ def refusal_text(error: ConcurrencyLimitError) -> str:
     }
 
 
-def quota_row(usage: QuotaUsage, changelist_url: str) -> dict[str, Any]:
-    """What the quota page shows for one :class:`~durable_django.usage.QuotaUsage`."""
+def quota_row(
+    usage: QuotaUsage, changelist_url: str, estimate: Estimate | None = None
+) -> dict[str, Any]:
+    """What the quota page shows for one :class:`~durable_django.usage.QuotaUsage`, with
+    its :func:`~durable_django.estimates.for_usage` estimate when given."""
     limit = usage.limit
     if limit is None:
         percent = None
@@ -595,4 +603,37 @@ def quota_row(usage: QuotaUsage, changelist_url: str) -> dict[str, Any]:
         "percent": percent,
         "workflows": usage.workflows,
         "runs_url": f"{changelist_url}?{query}",
+        **estimate_cells(usage, estimate),
+    }
+
+
+def estimate_cells(usage: QuotaUsage, estimate: Estimate | None) -> dict[str, Any]:
+    """The oldest holder's age and the next slot's estimate, as the quota page shows them."""
+    if estimate is None:
+        return {
+            "oldest_age": None,
+            "oldest_age_text": "-",
+            "next_slot": None,
+            "next_slot_text": "-",
+        }
+    oldest = estimate.oldest_age
+    cells: dict[str, Any] = {
+        "oldest_age": oldest,
+        "oldest_age_text": duration_text(oldest) if oldest is not None else "-",
+    }
+    if usage.limit is not None and not usage.full:
+        return {**cells, "next_slot": None, "next_slot_text": gettext("free now")}
+    if estimate.basis != estimates.HISTORY:
+        text = gettext("unknown (%(basis)s)") % {"basis": estimate.basis}
+        return {**cells, "next_slot": None, "next_slot_text": text}
+    text = gettext("in about %(duration)s (from %(samples)d finished runs, typically %(typical)s)")
+    return {
+        **cells,
+        "next_slot": estimate.seconds,
+        "next_slot_text": text
+        % {
+            "duration": duration_text(estimate.seconds),
+            "samples": estimate.samples,
+            "typical": duration_text(estimate.typical or 0),
+        },
     }

@@ -23,7 +23,7 @@ store runs against itself.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -50,19 +50,29 @@ __all__ = [
     "batch_index",
     "check_batch_ids",
     "check_quota",
+    "check_quotas",
     "existing_outcome",
+    "quota_list",
     "quota_transaction",
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class StartRequest:
-    """One start of a batch (:meth:`BaseStore.start_runs`): the run to create, its quota
-    (``None``: unlimited), and whether a run already holding its id is looked for."""
+    """One start of a batch (:meth:`BaseStore.start_runs`): the run to create, its quotas
+    (one, a list of them with distinct keys, or none: unlimited), and whether a run
+    already holding its id is looked for. ``quotas`` is kept as a tuple."""
 
     run: NewRun
-    quota: Quota | None
+    quotas: tuple[Quota, ...]
     check_existing: bool
+
+    def __init__(
+        self, run: NewRun, quotas: Quota | Sequence[Quota] | None, check_existing: bool
+    ) -> None:
+        object.__setattr__(self, "run", run)
+        object.__setattr__(self, "quotas", quota_list(quotas))
+        object.__setattr__(self, "check_existing", check_existing)
 
 
 class BaseStore(abc.ABC):
@@ -164,9 +174,10 @@ class BaseStore(abc.ABC):
         """Delete the run's recorded step failures, so a retry executes them again."""
 
     @abc.abstractmethod
-    def set_quota_tag(self, run_id: str, tag: str | None) -> None:
-        """Replace the run's ``concurrency:`` tag with ``tag`` (or none); its other tags
-        stay, and the new tag counts with the run's current status."""
+    def set_quota_tags(self, run_id: str, weights: Mapping[str, int]) -> None:
+        """Replace the run's ``concurrency:`` tags with those of ``weights`` (``{tag:
+        units}``; empty: none), each weighing its units; its other tags stay, and the new
+        tags count with the run's current status."""
 
     @abc.abstractmethod
     def send_signal(self, token: str, payload: Any) -> None:
@@ -205,6 +216,20 @@ class BaseStore(abc.ABC):
         starters overrides it."""
         return self.atomic()
 
+    @contextmanager
+    def quota_locks(self, keys: Collection[str]) -> Iterator[None]:
+        """One transaction holding the lock of every key of ``keys`` (:meth:`quota_lock`),
+        taken in one order, the keys' code point order (their UTF-8 byte order), so that
+        two starters of overlapping keys never wait on each other in a cycle.
+
+        The default nests :meth:`quota_lock` for each key in that order (nested
+        transactions join the first one)."""
+        with ExitStack() as stack:
+            stack.enter_context(self.atomic())
+            for key in sorted(set(keys)):
+                stack.enter_context(self.quota_lock(key))
+            yield
+
     def count_runs(
         self,
         *,
@@ -216,30 +241,47 @@ class BaseStore(abc.ABC):
         :meth:`list_runs` listing, which loads every matching run."""
         return len(self.list_runs(tag=tag, statuses=statuses, namespace=namespace))
 
+    def quota_units(self, quotas: Sequence[Quota], namespace: str | None) -> list[int]:
+        """The units each quota's key holds: the sum of the weights of the runs carrying
+        its tag in its ``count_statuses`` (in ``namespace`` when given), one number per
+        quota, in their order. A run weighs 1 on a tag unless its ``weights`` say more.
+        The default reads a :meth:`list_runs` listing per quota."""
+        return [
+            sum(
+                run.weights.get(quota.tag, 1)
+                for run in self.list_runs(
+                    tag=quota.tag, statuses=quota.count_statuses, namespace=namespace
+                )
+            )
+            for quota in quotas
+        ]
+
     def start_run(
         self,
         run: NewRun,
-        quota: Quota | None,
+        quotas: Quota | Sequence[Quota] | None,
         *,
         check_existing: bool,
         read_namespace: str | None,
     ) -> StartOutcome:
-        """Start ``run`` in one transaction under ``quota``'s lock.
+        """Start ``run`` in one transaction holding the lock of every key of ``quotas``
+        (one quota, a list of them with distinct keys, or none).
 
         The order is the contract: with ``check_existing``, an existing run with this id
-        is returned and never refused (:func:`existing_outcome`); then ``quota``'s active
-        runs are counted (in ``read_namespace`` when it is given) and
-        :class:`~durable_django.ConcurrencyLimitError` raised, creating nothing, when they
-        reach its limit; then the run is created."""
-        with quota_transaction(self, quota):
+        is returned and never refused (:func:`existing_outcome`); then each quota's key is
+        counted in units (:meth:`quota_units`, in ``read_namespace`` when it is given) and
+        :class:`~durable_django.ConcurrencyLimitError` raised for the first quota, in the
+        order given, whose units and the run's weight would exceed its limit, creating
+        nothing; then the run is created, its quota tags weighing ``run.weights``."""
+        quotas = quota_list(quotas)
+        with quota_transaction(self, quotas):
             if check_existing:
                 existing = self.get_run(run.run_id)
                 if existing is not None:
                     return existing_outcome(
                         run, existing.workflow, existing.namespace, read_namespace
                     )
-            if quota is not None:
-                check_quota(self, quota, run.workflow, read_namespace)
+            check_quotas(self, quotas, run.workflow, read_namespace)
             self.create_run(run)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
 
@@ -250,23 +292,23 @@ class BaseStore(abc.ABC):
         :meth:`start_run` does, its refusal returned in its place instead of raised.
 
         Returns one item per start: its :class:`StartOutcome`, or the
-        :class:`~durable_django.ConcurrencyLimitError` that refused it (it created
-        nothing). A later start sees what the earlier ones created: a run id given twice
-        is created by the first and found by the second (``created`` False), and a key's
-        count includes the batch's earlier runs. A run id held by another workflow or
-        namespace raises :class:`~durable_django.DurableError` naming its index, and the
-        batch creates nothing; so does one id given to starts of different workflows or
-        namespaces (``ValueError``, :func:`check_batch_ids`).
+        :class:`~durable_django.ConcurrencyLimitError` of the first of its quotas that
+        refused it (it created nothing). A later start sees what the earlier ones created:
+        a run id given twice is created by the first and found by the second (``created``
+        False), and a key's units include the batch's earlier runs, with their weights. A
+        run id held by another workflow or namespace raises
+        :class:`~durable_django.DurableError` naming its index, and the batch creates
+        nothing; so does one id given to starts of different workflows or namespaces
+        (``ValueError``, :func:`check_batch_ids`).
 
-        Every quota key of the batch is locked first, in sorted order (by code point),
-        before the first start: two batches sharing keys take them in the same order and
-        never wait on each other in a cycle. The locks are held until the transaction
-        ends."""
+        Every quota key of every start is locked first, before the first start, by one
+        :meth:`quota_locks` (the keys' code point order, the order a single start under
+        several quotas takes them in): two batches, or a batch and a single start, sharing
+        keys take them in the same order and never wait on each other in a cycle. The
+        locks are held until the transaction ends."""
         check_batch_ids(starts)
-        keys = sorted({start.quota.key for start in starts if start.quota is not None})
-        with self.atomic(), ExitStack() as locks:
-            for key in keys:
-                locks.enter_context(self.quota_lock(key))
+        keys = {quota.key for start in starts for quota in start.quotas}
+        with self.quota_locks(keys):
             # Every lookup first: an id held by another workflow or namespace is refused
             # before anything is written, on a store whose transactions roll back or not.
             existing: dict[str, StartOutcome] = {}
@@ -281,31 +323,33 @@ class BaseStore(abc.ABC):
                             )
             outcomes: list[StartOutcome | ConcurrencyLimitError] = []
             for start in starts:
-                run, quota = start.run, start.quota
+                run = start.run
                 if start.check_existing and run.run_id in existing:
                     outcomes.append(existing[run.run_id])
                     continue
-                if quota is not None:
-                    try:
-                        check_quota(self, quota, run.workflow, read_namespace)
-                    except ConcurrencyLimitError as error:
-                        outcomes.append(error)
-                        continue
+                try:
+                    check_quotas(self, start.quotas, run.workflow, read_namespace)
+                except ConcurrencyLimitError as error:
+                    outcomes.append(error)
+                    continue
                 self.create_run(run)
                 existing[run.run_id] = StartOutcome(False, run.workflow, run.namespace)
                 outcomes.append(StartOutcome(True, run.workflow, run.namespace))
             return outcomes
 
-    def retry_run(self, run: RunRecord, quota: Quota | None, *, read_namespace: str | None) -> None:
-        """A retry's part of the start path, in one transaction under ``quota``'s lock, as
-        :meth:`start_run`'s: count the key's active runs
-        (:class:`~durable_django.ConcurrencyLimitError` at the limit, nothing changed), then,
-        in place of the insert, make the failed ``run`` pending again as its next attempt,
-        forget its failed steps and give it the quota's tag (or none). Raises
-        :class:`~durable_django.DurableError` when the run is no longer failed."""
-        with quota_transaction(self, quota):
-            if quota is not None:
-                check_quota(self, quota, run.workflow, read_namespace)
+    def retry_run(
+        self, run: RunRecord, quotas: Quota | Sequence[Quota] | None, *, read_namespace: str | None
+    ) -> None:
+        """A retry's part of the start path, in one transaction under the lock of every
+        key of ``quotas``, as :meth:`start_run`'s: count each key's units
+        (:class:`~durable_django.ConcurrencyLimitError` for the first quota over its limit,
+        nothing changed), then, in place of the insert, make the failed ``run`` pending
+        again as its next attempt, forget its failed steps and give it the quotas' tags,
+        with their weights (or none). Raises :class:`~durable_django.DurableError` when
+        the run is no longer failed."""
+        quotas = quota_list(quotas)
+        with quota_transaction(self, quotas):
+            check_quotas(self, quotas, run.workflow, read_namespace)
             restarted = self.transition(
                 run.run_id,
                 ["failed"],
@@ -320,7 +364,7 @@ class BaseStore(abc.ABC):
             if not restarted:
                 raise DurableError(f"run {run.run_id!r} changed while it was being retried")
             self.forget_failed_steps(run.run_id)
-            self.set_quota_tag(run.run_id, quota.tag if quota else None)
+            self.set_quota_tags(run.run_id, {quota.tag: quota.weight for quota in quotas})
 
     def claim_run(self, run_id: str, **fields: Any) -> tuple[RunRecord, list[StepRecord]] | None:
         """A turn's claim: move a pending run to running with ``fields``, and return it and
@@ -368,15 +412,43 @@ class BaseStore(abc.ABC):
     def quota_keys(
         self, statuses: Collection[str], namespace: str | None
     ) -> dict[str, dict[str, int]]:
-        """``{key: {workflow: runs}}`` for the quota keys holding runs in ``statuses`` (in
-        ``namespace`` when it is given). The default reads a :meth:`list_runs` listing."""
+        """``{key: {workflow: units}}`` for the quota keys holding runs in ``statuses`` (in
+        ``namespace`` when it is given): the sum of the weights of those runs (their count,
+        when each weighs 1). The default reads a :meth:`list_runs` listing."""
         found: dict[str, dict[str, int]] = {}
         for run in self.list_runs(statuses=statuses, namespace=namespace):
             for tag in run.tags:
                 if tag.startswith(TAG_PREFIX):
                     by_workflow = found.setdefault(tag[len(TAG_PREFIX) :], {})
-                    by_workflow[run.workflow] = by_workflow.get(run.workflow, 0) + 1
+                    units = run.weights.get(tag, 1)
+                    by_workflow[run.workflow] = by_workflow.get(run.workflow, 0) + units
         return found
+
+    def quota_holders(
+        self, tag: str, statuses: Collection[str], namespace: str | None
+    ) -> list[RunRecord]:
+        """The runs carrying ``tag`` in ``statuses`` (in ``namespace`` when it is given),
+        oldest first (earliest created first): the runs holding a quota key, with their
+        weights. The default reads a :meth:`list_runs` listing."""
+        runs = self.list_runs(tag=tag, statuses=statuses, namespace=namespace)[::-1]
+        return sorted(runs, key=lambda run: (run.created_at is None, run.created_at))
+
+    def finished_spans(
+        self, tag: str, namespace: str | None, finished_since: datetime, limit: int
+    ) -> list[tuple[datetime, datetime]]:
+        """``(created_at, finished_at)`` of up to ``limit`` runs carrying ``tag`` (in
+        ``namespace`` when it is given) that finished at or after ``finished_since``,
+        latest finished first: how long a quota key's recent runs held their slot. The
+        default reads a :meth:`list_runs` listing."""
+        spans = [
+            (run.created_at, run.finished_at)
+            for run in self.list_runs(tag=tag, statuses=TERMINAL_STATUSES, namespace=namespace)
+            if run.created_at is not None
+            and run.finished_at is not None
+            and run.finished_at >= finished_since
+        ]
+        spans.sort(key=lambda span: span[1], reverse=True)
+        return spans[:limit]
 
     def delete_runs(self, run_ids: Collection[str]) -> list[str]:
         """Delete those of ``run_ids`` that have finished and whose whole ancestry has
@@ -458,18 +530,44 @@ def is_holders_check(
     return owner is not None and not fields and set(from_statuses) == {status} == {"running"}
 
 
-def quota_transaction(store: BaseStore, quota: Quota | None) -> AbstractContextManager[Any]:
-    """A transaction that holds ``quota``'s key lock (just a transaction without a quota)."""
-    return store.atomic() if quota is None else store.quota_lock(quota.key)
+def quota_list(quotas: Quota | Sequence[Quota] | None) -> tuple[Quota, ...]:
+    """``quotas`` as a tuple: one quota, a list of them, or none."""
+    if quotas is None:
+        return ()
+    if isinstance(quotas, Quota):
+        return (quotas,)
+    return tuple(quotas)
+
+
+def quota_transaction(
+    store: BaseStore, quotas: Quota | Sequence[Quota] | None
+) -> AbstractContextManager[Any]:
+    """A transaction that holds the lock of every key of ``quotas`` (just a transaction
+    without a quota; :meth:`BaseStore.quota_lock` for one)."""
+    quotas = quota_list(quotas)
+    if not quotas:
+        return store.atomic()
+    if len(quotas) == 1:
+        return store.quota_lock(quotas[0].key)
+    return store.quota_locks([quota.key for quota in quotas])
+
+
+def check_quotas(
+    store: BaseStore, quotas: Sequence[Quota], workflow: str, read_namespace: str | None
+) -> None:
+    """Raise :class:`ConcurrencyLimitError` for the first of ``quotas`` whose key's units
+    and the run's weight would exceed its limit."""
+    if not quotas:
+        return
+    units = store.quota_units(quotas, read_namespace)
+    for quota, active in zip(quotas, units, strict=True):
+        if active + quota.weight > quota.limit:
+            raise ConcurrencyLimitError(workflow, quota.key, quota.limit, active)
 
 
 def check_quota(store: BaseStore, quota: Quota, workflow: str, read_namespace: str | None) -> None:
-    """Raise :class:`ConcurrencyLimitError` when ``quota``'s key holds ``limit`` runs."""
-    active = store.count_runs(
-        tag=quota.tag, statuses=quota.count_statuses, namespace=read_namespace
-    )
-    if active >= quota.limit:
-        raise ConcurrencyLimitError(workflow, quota.key, quota.limit, active)
+    """:func:`check_quotas` for one quota."""
+    check_quotas(store, (quota,), workflow, read_namespace)
 
 
 def check_batch_ids(starts: Sequence[StartRequest]) -> None:

@@ -45,40 +45,54 @@ def new_run(run_id: str, workflow: str = "wf", **fields: Any) -> NewRun:
     return NewRun(run_id=run_id, workflow=workflow, version="1", **fields)
 
 
-def quota(key: str, limit: int, statuses: tuple[str, ...] = DEFAULT_CONCURRENCY_STATUSES) -> Quota:
+def quota(
+    key: str,
+    limit: int,
+    statuses: tuple[str, ...] = DEFAULT_CONCURRENCY_STATUSES,
+    weight: int = 1,
+) -> Quota:
     """A quota on ``key``."""
-    return Quota(key=key, limit=limit, count_statuses=statuses)
+    return Quota(key=key, limit=limit, count_statuses=statuses, weight=weight)
 
 
 def start(
     store: BaseStore,
     run: NewRun,
-    under: Quota | None = None,
+    under: Quota | list[Quota] | None = None,
     *,
     check_existing: bool = True,
     read_namespace: str | None = None,
 ) -> StartOutcome:
-    """``store.start_run`` with the run carrying its quota's tag, as the engine makes it."""
-    if under is not None and under.tag not in run.tags:
-        run = dataclasses.replace(run, tags=(*run.tags, under.tag))
-    return store.start_run(run, under, check_existing=check_existing, read_namespace=read_namespace)
+    """``store.start_run`` with the run carrying its quotas' tags and weights, as the
+    engine makes it."""
+    quotas = [] if under is None else [under] if isinstance(under, Quota) else under
+    run = dataclasses.replace(
+        run,
+        tags=tuple(dict.fromkeys((*run.tags, *(q.tag for q in quotas)))),
+        weights={q.tag: q.weight for q in quotas if q.weight != 1},
+    )
+    return store.start_run(
+        run, quotas, check_existing=check_existing, read_namespace=read_namespace
+    )
 
 
 def batch(
     store: BaseStore,
-    *starts: tuple[NewRun, Quota | None],
+    *starts: tuple[NewRun, Quota | list[Quota] | None],
     check_existing: bool = True,
     read_namespace: str | None = None,
 ) -> list[StartOutcome | ConcurrencyLimitError]:
-    """``store.start_runs`` with each run carrying its quota's tag, as the engine makes it."""
-    requests = [
-        StartRequest(
-            dataclasses.replace(run, tags=(*run.tags, under.tag)) if under else run,
-            under,
-            check_existing,
+    """``store.start_runs`` with each run carrying its quotas' tags and weights, as the
+    engine makes it."""
+    requests = []
+    for run, under in starts:
+        quotas = [] if under is None else [under] if isinstance(under, Quota) else under
+        run = dataclasses.replace(
+            run,
+            tags=tuple(dict.fromkeys((*run.tags, *(q.tag for q in quotas)))),
+            weights={q.tag: q.weight for q in quotas if q.weight != 1},
         )
-        for run, under in starts
-    ]
+        requests.append(StartRequest(run, quotas, check_existing))
     return store.start_runs(requests, read_namespace=read_namespace)
 
 
@@ -355,18 +369,26 @@ class StoreContract:
 
     # the quota tag ------------------------------------------------------------------
 
-    def test_set_quota_tag_replaces_the_quota_tag_only(self, store: BaseStore) -> None:
+    def test_set_quota_tags_replaces_the_quota_tags_only(self, store: BaseStore) -> None:
         make(store, "run-1", RunStatus.RUNNING, tags=["user", "CONCURRENCY:x", quota_tag("a")])
-        store.set_quota_tag("run-1", quota_tag("b"))
+        store.set_quota_tags("run-1", {quota_tag("b"): 1})
         assert read(store, "run-1").tags == sorted(["user", "CONCURRENCY:x", quota_tag("b")])
         assert store.count_runs(tag=quota_tag("a")) == 0
         # The new tag counts with the run's status.
         assert store.count_runs(tag=quota_tag("b"), statuses=[RunStatus.RUNNING]) == 1
         assert store.count_runs(tag=quota_tag("b"), statuses=[RunStatus.PENDING]) == 0
-        store.set_quota_tag("run-1", quota_tag("b"))  # the same tag again: unchanged
+        store.set_quota_tags("run-1", {quota_tag("b"): 1})  # the same tag again: unchanged
         assert store.count_runs(tag=quota_tag("b"), statuses=[RunStatus.RUNNING]) == 1
-        store.set_quota_tag("run-1", None)
+        # Several tags, with their weights; a kept tag takes its new weight.
+        store.set_quota_tags("run-1", {quota_tag("b"): 3, quota_tag("c"): 2})
+        run = read(store, "run-1")
+        assert run.tags == sorted(["user", "CONCURRENCY:x", quota_tag("b"), quota_tag("c")])
+        assert run.weights == {quota_tag("b"): 3, quota_tag("c"): 2}
+        running = (RunStatus.RUNNING,)
+        assert store.quota_units([quota("b", 9, running), quota("c", 9, running)], None) == [3, 2]
+        store.set_quota_tags("run-1", {})
         assert read(store, "run-1").tags == ["CONCURRENCY:x", "user"]
+        assert read(store, "run-1").weights == {}
         assert store.count_runs(tag=quota_tag("b")) == 0
 
     # signals ------------------------------------------------------------------------
@@ -517,6 +539,97 @@ class StoreContract:
             store.create_run(new_run("run-1", tags=(quota_tag("k"),)))
             assert store.count_runs(tag=quota_tag("k")) == 1
         assert read(store, "run-1").status == RunStatus.PENDING
+        with store.quota_locks(["k", "j", "k"]):
+            store.create_run(new_run("run-2", tags=(quota_tag("j"),)))
+        assert read(store, "run-2").status == RunStatus.PENDING
+        with store.quota_locks([]):  # no key: a transaction all the same
+            store.create_run(new_run("run-3"))
+        assert read(store, "run-3").status == RunStatus.PENDING
+
+    # several quotas and weights ----------------------------------------------------
+
+    def test_a_start_under_several_quotas_needs_every_one(self, store: BaseStore) -> None:
+        tenant, user = quota("tenant:acme", 3), quota("user:ann", 1)
+        outcome = start(store, new_run("run-1"), [tenant, user])
+        assert outcome.created
+        assert read(store, "run-1").tags == sorted([tenant.tag, user.tag])
+        # The user's quota is full: refused, though the tenant's has room.
+        with pytest.raises(ConcurrencyLimitError) as refused:
+            start(store, new_run("run-2"), [tenant, user])
+        error = refused.value
+        assert (error.key, error.limit, error.active) == ("user:ann", 1, 1)
+        assert store.get_run("run-2") is None
+        assert store.count_runs(tag=tenant.tag) == 1
+        # Another user of the tenant gets in; then the tenant is full, named first.
+        start(store, new_run("run-3"), [tenant, quota("user:bob", 1)])
+        start(store, new_run("run-4"), [tenant, quota("user:cy", 1)])
+        with pytest.raises(ConcurrencyLimitError) as full:
+            start(store, new_run("run-5"), [tenant, quota("user:dee", 1)])
+        assert (full.value.key, full.value.active) == ("tenant:acme", 3)
+        assert store.get_run("run-5") is None
+        assert store.count_runs(tag=quota_tag("user:dee")) == 0
+        # Every refusing quota: the first in the order given is named.
+        with pytest.raises(ConcurrencyLimitError) as both:
+            start(store, new_run("run-6"), [user, tenant])
+        assert both.value.key == "user:ann"
+        # A slot frees on each of the run's keys when it ends.
+        store.transition("run-1", RunStatus.values, RunStatus.COMPLETED)
+        assert start(store, new_run("run-6"), [tenant, user]).created
+
+    def test_a_run_occupies_its_weight(self, store: BaseStore) -> None:
+        gpu = quota("gpu", 10, weight=4)
+        start(store, new_run("run-1"), gpu)
+        start(store, new_run("run-2"), gpu)
+        assert read(store, "run-1").weights == {gpu.tag: 4}
+        assert store.quota_units([gpu], None) == [8]
+        # 8 units held, 4 more would make 12: refused, in units.
+        with pytest.raises(ConcurrencyLimitError) as refused:
+            start(store, new_run("run-3"), gpu)
+        assert (refused.value.active, refused.value.limit) == (8, 10)
+        assert store.get_run("run-3") is None
+        # 2 units fit exactly; then the key is full even for 1.
+        assert start(store, new_run("run-3"), quota("gpu", 10, weight=2)).created
+        with pytest.raises(ConcurrencyLimitError) as full:
+            start(store, new_run("run-4"), quota("gpu", 10))
+        assert full.value.active == 10
+        # Weighted runs count in their statuses only, and free their units when they end.
+        store.transition("run-1", RunStatus.values, RunStatus.SUSPENDED)
+        assert store.quota_units([quota("gpu", 10, (RunStatus.PENDING,))], None) == [6]
+        store.transition("run-1", RunStatus.values, RunStatus.FAILED)
+        assert store.quota_units([quota("gpu", 10)], None) == [6]
+        assert start(store, new_run("run-4"), quota("gpu", 10, weight=4)).created
+        # A weight larger than the limit is refused, whatever the key holds.
+        with pytest.raises(ConcurrencyLimitError):
+            start(store, new_run("run-5"), quota("other", 3, weight=4))
+
+    def test_several_weighted_quotas_count_each_key_in_its_namespace(
+        self, store: BaseStore
+    ) -> None:
+        a, b = quota("a", 5, weight=2), quota("b", 4, weight=3)
+        start(store, new_run("blue-1", namespace="blue"), [a, b])
+        start(store, new_run("green-1", namespace="green"), [quota("a", 5, weight=2)])
+        assert store.quota_units([a, b], None) == [4, 3]
+        assert store.quota_units([a, b], "blue") == [2, 3]
+        with pytest.raises(ConcurrencyLimitError) as refused:
+            start(store, new_run("blue-2", namespace="blue"), [a, b], read_namespace="blue")
+        assert (refused.value.key, refused.value.active) == ("b", 3)
+        assert start(store, new_run("blue-2", namespace="blue"), [a], read_namespace="blue")
+        with pytest.raises(ConcurrencyLimitError) as full:
+            start(store, new_run("blue-3"), [a])
+        assert (full.value.key, full.value.active) == ("a", 6)
+
+    def test_a_retry_takes_every_quota_and_its_weight(self, store: BaseStore) -> None:
+        make(store, "run-1", RunStatus.FAILED, tags=[quota_tag("old")])
+        start(store, new_run("run-2"), quota("b", 3, weight=2))
+        failed = read(store, "run-1")
+        with pytest.raises(ConcurrencyLimitError) as refused:
+            store.retry_run(failed, [quota("a", 5), quota("b", 3, weight=2)], read_namespace=None)
+        assert (refused.value.key, refused.value.active) == ("b", 2)
+        assert read(store, "run-1").status == RunStatus.FAILED
+        store.retry_run(failed, [quota("a", 5), quota("b", 4, weight=2)], read_namespace=None)
+        run = read(store, "run-1")
+        assert (run.status, run.tags) == (RunStatus.PENDING, [quota_tag("a"), quota_tag("b")])
+        assert store.quota_units([quota("a", 5), quota("b", 4)], None) == [1, 4]
 
     # a batch of starts (start_runs) ----------------------------------------------------
 
@@ -572,6 +685,40 @@ class StoreContract:
         with store.atomic(), pytest.raises(ValueError, match=r"inputs\[1\]: run id 'twice'"):
             batch(store, (new_run("twice", "a"), None), (new_run("twice", "b"), None))
         assert ids(store.list_runs()) == ["shared"]
+
+    def test_a_batch_admits_each_start_under_every_quota_with_its_weight(
+        self, store: BaseStore
+    ) -> None:
+        # Two keys, weights: each element is admitted, in order, only when every one of
+        # its quotas admits it; a refused element takes no unit of any key.
+        a2, b3 = quota("a", 4, weight=2), quota("b", 3)
+        heavy_b = quota("b", 3, weight=2)
+        start(store, new_run("old"), [quota("b", 3)])  # b: 1 of 3
+        outcomes = batch(
+            store,
+            (new_run("run-1"), [a2, b3]),  # a 2/4, b 2/3
+            (new_run("run-2"), [a2, heavy_b]),  # b would be 4/3: refused by b, a unchanged
+            (new_run("run-3"), [a2]),  # a 4/4
+            (new_run("run-4"), [quota("a", 4), b3]),  # a would be 5/4: refused by a
+            (new_run("run-5"), [b3, quota("c", 1, weight=1)]),  # b 3/3, c 1/1
+            (new_run("run-6"), [quota("c", 2), b3]),  # c 2/2 fine, b full: refused by b
+        )
+        assert refused_at(outcomes) == [1, 3, 5]
+        refusals = [outcomes[i] for i in (1, 3, 5)]
+        assert all(isinstance(error, ConcurrencyLimitError) for error in refusals)
+        assert [(e.key, e.limit, e.active) for e in refusals] == [  # type: ignore[union-attr]
+            ("b", 3, 2),
+            ("a", 4, 4),
+            ("b", 3, 3),
+        ]
+        assert sorted(ids(store.list_runs())) == ["old", "run-1", "run-3", "run-5"]
+        assert store.quota_units([quota("a", 4), quota("b", 3), quota("c", 1)], None) == [
+            4,
+            3,
+            1,
+        ]
+        assert read(store, "run-1").weights == {quota_tag("a"): 2}
+        assert read(store, "run-5").tags == [quota_tag("b"), quota_tag("c")]
 
     def test_a_batch_counts_in_the_namespace_read(self, store: BaseStore) -> None:
         shared = quota("shared", 1)
@@ -652,6 +799,52 @@ class StoreContract:
         assert store.quota_keys(active, "blue") == {"b": {"x": 1}}
         assert store.quota_keys(["running"], None) == {"a": {"y": 1}}
         assert store.quota_keys(["completed"], None) == {"c": {"x": 1}}
+
+    def test_quota_holders_are_the_keys_runs_oldest_first(self, store: BaseStore) -> None:
+        now = timezone.now()
+        tag = quota_tag("k")
+        make(store, "run-b", RunStatus.RUNNING, tags=[tag], created_at=now - 2 * SECOND)
+        make(store, "run-c", tags=[tag], created_at=now - SECOND)
+        make(store, "run-a", RunStatus.SUSPENDED, tags=[tag], created_at=now - 3 * SECOND)
+        make(store, "run-d", RunStatus.COMPLETED, tags=[tag], created_at=now - HOUR)
+        make(store, "run-e", tags=[tag], namespace="blue", created_at=now - HOUR)
+        make(store, "run-f", tags=[quota_tag("K"), "k"], created_at=now - HOUR)
+        active = list(DEFAULT_CONCURRENCY_STATUSES)
+        holders = store.quota_holders(tag, active, "default")
+        assert [run.run_id for run in holders] == ["run-a", "run-b", "run-c"]
+        assert holders[0].created_at == now - 3 * SECOND
+        everywhere = store.quota_holders(tag, active, None)
+        assert [run.run_id for run in everywhere] == ["run-e", "run-a", "run-b", "run-c"]
+        assert [r.run_id for r in store.quota_holders(tag, ["running"], None)] == ["run-b"]
+
+    def test_finished_spans_are_the_latest_within_the_window(self, store: BaseStore) -> None:
+        now = timezone.now()
+        tag = quota_tag("k")
+        for n, status in enumerate(TERMINAL_STATUSES * 2):
+            ended = now - (n + 1) * SECOND
+            make(
+                store,
+                f"run-{n}",
+                status,
+                tags=[tag],
+                created_at=ended - (n + 10) * SECOND,
+                finished_at=ended,
+            )
+        make(store, "run-old", RunStatus.COMPLETED, tags=[tag], created_at=now - 3 * HOUR,
+             finished_at=now - 2 * HOUR)  # fmt: skip
+        make(store, "run-active", tags=[tag], created_at=now - HOUR)
+        make(store, "run-blue", RunStatus.COMPLETED, tags=[tag], namespace="blue",
+             created_at=now - 2 * SECOND, finished_at=now)  # fmt: skip
+        make(store, "run-other", RunStatus.COMPLETED, tags=[quota_tag("j")],
+             created_at=now - 2 * SECOND, finished_at=now)  # fmt: skip
+        spans = store.finished_spans(tag, "default", now - HOUR, 4)
+        assert [finished - created for created, finished in spans] == [
+            (n + 10) * SECOND for n in range(4)
+        ]
+        assert [finished for _, finished in spans] == [now - (n + 1) * SECOND for n in range(4)]
+        assert len(store.finished_spans(tag, "default", now - HOUR, 50)) == 6
+        assert len(store.finished_spans(tag, "default", now - 3 * HOUR, 50)) == 7
+        assert store.finished_spans(tag, None, now - HOUR, 1)[0][1] == now  # run-blue
 
     # deleting and purging ------------------------------------------------------------
 

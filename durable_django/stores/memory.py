@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -63,6 +63,11 @@ class MemoryStore(BaseStore):
                 attempt=run.attempt,
                 created_at=now,
                 updated_at=now,
+                weights={
+                    tag: units
+                    for tag, units in run.weights.items()
+                    if units != 1 and tag in run.tags
+                },
             )
 
     def get_run(self, run_id: str) -> RunRecord | None:
@@ -162,12 +167,14 @@ class MemoryStore(BaseStore):
             for position in [p for p, step in steps.items() if step.error is not None]:
                 del steps[position]
 
-    def set_quota_tag(self, run_id: str, tag: str | None) -> None:
+    def set_quota_tags(self, run_id: str, weights: Mapping[str, int]) -> None:
         with self._lock:
             run = self._runs[run_id]
             tags = [t for t in run.tags if not t.startswith(TAG_PREFIX)]
             self._runs[run_id] = dataclasses.replace(
-                run, tags=sorted([*tags, *([tag] if tag else [])])
+                run,
+                tags=sorted([*tags, *weights]),
+                weights={tag: units for tag, units in weights.items() if units != 1},
             )
 
     def send_signal(self, token: str, payload: Any) -> None:

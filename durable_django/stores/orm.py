@@ -3,23 +3,25 @@
 Each operation takes one of two paths:
 
 - on PostgreSQL (``fast_path=True``, the default), one call of a function of
-  ``stores/postgres/functions.sql``, installed by migration 0002: a start
-  (``durable_start_run_v1``: the key's advisory lock, the existing-run check, the count
-  and the inserts), a batch of starts (``durable_start_runs_v1``, migration 0003: every
-  key's lock in sorted order, then ``durable_start_run_v1`` per element), a claim that
-  also returns the run and its recorded steps
-  (``durable_claim_run_v1``), a step's record with the check that the worker still holds
-  the run (``durable_record_held_step_v1``), and a status change of the run and its tags
-  together, with the turn's last record at the end of a turn (``durable_transition_v1``).
+  ``stores/postgres/functions.sql``, installed by migrations 0002, 0003 and 0004: a start
+  (``durable_start_run_v2``: the advisory lock of each quota key, the existing-run check,
+  the weighted counts and the inserts), a batch of starts (``durable_start_runs_v1``,
+  migration 0004: every key of the batch locked in byte order, then
+  ``durable_start_run_v2`` per element), a claim that also returns the run and its
+  recorded steps (``durable_claim_run_v1``), a step's record with the check that the
+  worker still holds the run (``durable_record_held_step_v1``), and a status change of
+  the run and its tags together, with the turn's last record at the end of a turn
+  (``durable_transition_v1``).
   Each is one round trip, one statement for its caller, planned once per connection;
 - elsewhere (SQLite, MySQL/MariaDB), and for what no function covers (a step's record
   replacing a failed one, a claim or a transition setting other columns), the portable
-  path: the ORM's queries in one transaction. A start locks the key's ``QuotaLock`` row
-  (on SQLite an upsert, which takes the database's write lock; on MySQL/MariaDB an
-  ``UPDATE`` of the row, inserted and committed beforehand when the key is new), then
-  checks for an existing run, counts and inserts. On PostgreSQL the portable path
-  (``fast_path=False``, and retries) takes the function's advisory lock instead
-  (``durable_lock_quota_key_v1``), so the two paths serialise against each other.
+  path: the ORM's queries in one transaction. A start locks its keys' ``QuotaLock`` rows
+  (on SQLite one upsert, which takes the database's write lock; on MySQL/MariaDB one
+  ``UPDATE`` of the rows in key order, inserted and committed beforehand when a key is
+  new), then checks for an existing run, counts every key in one query and inserts. On
+  PostgreSQL the portable path (``fast_path=False``, and retries) takes the function's
+  advisory locks instead (``durable_lock_quota_key_v1``, ``durable_lock_quota_keys_v1``),
+  so the two paths serialise against each other.
 
 A start the database rolls back to break a deadlock is tried again (``start_run``).
 """
@@ -29,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -38,7 +40,7 @@ from django.core.checks import CheckMessage
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Count, JSONField, Q, QuerySet
+from django.db.models import JSONField, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
 from ..concurrency import Quota
@@ -56,17 +58,20 @@ from .base import (
     check_batch_ids,
     existing_outcome,
     is_holders_check,
+    quota_list,
 )
 from .database_checks import collation_errors, database_warnings
 
 #: The calls of the functions of ``stores/postgres/functions.sql``.
 _LOCK_KEY_SQL = "SELECT durable_lock_quota_key_v1(%s)"
+_LOCK_KEYS_SQL = "SELECT durable_lock_quota_keys_v1(%s::text[])"
 _START_SQL = (
-    "SELECT outcome, active, found_workflow, found_namespace FROM durable_start_run_v1("
-    "%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s, %s, %s, %s::text[], %s, %s)"
+    "SELECT outcome, refused, active, found_workflow, found_namespace FROM "
+    "durable_start_run_v2(%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s, %s, "
+    "%s::text[], %s::integer[], %s::integer[], %s::text[], %s)"
 )
 _START_MANY_SQL = (
-    "SELECT position, outcome, active, found_workflow, found_namespace "
+    "SELECT position, outcome, refused, active, found_workflow, found_namespace "
     "FROM durable_start_runs_v1(%s::jsonb, %s)"
 )
 _CLAIM_SQL = "SELECT * FROM durable_claim_run_v1(%s, %s, %s, %s, %s, %s)"
@@ -119,29 +124,43 @@ class OrmStore(BaseStore):
         # the error is logged and the tick sends the run again.
         transaction.on_commit(callback, using=self.using, robust=True)
 
-    @contextlib.contextmanager
-    def quota_lock(self, key: str) -> Iterator[None]:
-        """One transaction holding the key's lock until it ends.
+    def quota_lock(self, key: str) -> contextlib.AbstractContextManager[None]:
+        """One transaction holding the key's lock until it ends (:meth:`quota_locks`)."""
+        return self.quota_locks((key,))
 
-        On PostgreSQL the transaction-scoped advisory lock ``durable_start_run_v1`` takes
-        (``durable_lock_quota_key_v1``, so both paths serialise against each other); on
-        MySQL/MariaDB the lock of the key's existing row (:meth:`_row_lock`); elsewhere the
-        key's lock row, written by an upsert.
+    @contextlib.contextmanager
+    def quota_locks(self, keys: Collection[str]) -> Iterator[None]:
+        """One transaction holding the lock of every key of ``keys`` until it ends, taken
+        in the keys' code point order (their byte order).
+
+        On PostgreSQL the transaction-scoped advisory locks ``durable_start_run_v2`` takes
+        (``durable_lock_quota_key_v1``, ``durable_lock_quota_keys_v1``, so both paths
+        serialise against each other); on MySQL/MariaDB the locks of the keys' existing rows
+        (:meth:`_row_lock`); elsewhere the keys' lock rows, written by one upsert.
         """
+        ordered = sorted(set(keys))
         connection = connections[self.using]
+        if not ordered:
+            with transaction.atomic(using=self.using):
+                yield
+            return
         if connection.vendor == "mysql":
-            with self._row_lock(key):
+            with self._row_lock(ordered):
                 yield
             return
         with transaction.atomic(using=self.using):
             if connection.vendor == "postgresql":
                 with connection.cursor() as cursor:
-                    cursor.execute(_LOCK_KEY_SQL, [key])
+                    if len(ordered) == 1:
+                        cursor.execute(_LOCK_KEY_SQL, ordered)
+                    else:
+                        cursor.execute(_LOCK_KEYS_SQL, [ordered])
                 yield
                 return
             features = connection.features
+            now = timezone.now()
             QuotaLock.objects.using(self.using).bulk_create(
-                [QuotaLock(key=key, last_start_at=timezone.now())],
+                [QuotaLock(key=key, last_start_at=now) for key in ordered],
                 update_conflicts=True,
                 update_fields=["last_start_at"],
                 unique_fields=(["key"] if features.supports_update_conflicts_with_target else None),
@@ -149,37 +168,52 @@ class OrmStore(BaseStore):
             yield
 
     @contextlib.contextmanager
-    def _row_lock(self, key: str) -> Iterator[None]:
-        """A transaction holding the lock of the key's row, taken by an ``UPDATE`` of the
-        existing row, which locks that one record and no gap.
+    def _row_lock(self, keys: list[str]) -> Iterator[None]:
+        """A transaction holding the locks of the keys' rows (``keys`` sorted), taken by one
+        ``UPDATE`` of the existing rows in key order, which locks those records and no gap.
 
         The row of a new key is inserted and committed before any start's transaction
         locks it: an insert inside the start's transaction makes every concurrent starter
         of the key wait with a gap lock, and when the insert is rolled back (as every
         refused start is) those gap locks deadlock them. Outside a transaction of the
         caller's the insert runs on this connection before the start's transaction
-        begins; inside one, on a connection of its own.
+        begins; inside one, on a connection of its own. The rows are locked in key order
+        (``UPDATE ... ORDER BY``), in one statement, so that starters of overlapping keys
+        never wait on each other in a cycle.
         """
         connection = connections[self.using]
-        rows = QuotaLock.objects.using(self.using).filter(key=key)
+        lock_rows = QuotaLock.objects.using(self.using)
+        rows = lock_rows.filter(key=keys[0]) if len(keys) == 1 else lock_rows.filter(key__in=keys)
+        if len(keys) > 1:
+            rows = rows.order_by("key")
         if in_callers_transaction(connection):
             with transaction.atomic(using=self.using):
-                if not rows.update(last_start_at=timezone.now()):
-                    own = type(connection)(connection.settings_dict, connection.alias)
-                    try:
-                        insert_lock_row(own, key)
-                    finally:
-                        own.close()
-                    _lock_inserted_row(rows, key)
+                if len(keys) > 1:
+                    # A read that takes no lock: the new keys' rows are inserted before the
+                    # update below locks every row, in order.
+                    existing = set(rows.values_list("key", flat=True))
+                    missing = [key for key in keys if key not in existing]
+                else:
+                    missing = [] if rows.update(last_start_at=timezone.now()) else keys
+                if missing or len(keys) > 1:
+                    if missing:
+                        own = type(connection)(connection.settings_dict, connection.alias)
+                        try:
+                            for key in missing:
+                                insert_lock_row(own, key)
+                        finally:
+                            own.close()
+                    _lock_inserted_rows(rows, keys)
                 yield
             return
         with transaction.atomic(using=self.using):
-            if rows.update(last_start_at=timezone.now()):
+            if rows.update(last_start_at=timezone.now()) == len(keys):
                 yield
                 return
-        insert_lock_row(connection, key)
+        for key in keys:
+            insert_lock_row(connection, key)
         with transaction.atomic(using=self.using):
-            _lock_inserted_row(rows, key)
+            _lock_inserted_rows(rows, keys)
             yield
 
     # starting -----------------------------------------------------------------------
@@ -187,12 +221,12 @@ class OrmStore(BaseStore):
     def start_run(
         self,
         run: NewRun,
-        quota: Quota | None,
+        quotas: Quota | Sequence[Quota] | None,
         *,
         check_existing: bool,
         read_namespace: str | None,
     ) -> StartOutcome:
-        """Existing-run check, quota check and insert, as one transaction.
+        """Existing-run check, quota checks and insert, as one transaction.
 
         A start the database chose as the victim of a deadlock is tried again, up to
         :data:`START_ATTEMPTS` times in all, unless it ran inside a transaction of the
@@ -200,10 +234,11 @@ class OrmStore(BaseStore):
         note saying so.
         """
         connection = connections[self.using]
+        quotas = quota_list(quotas)
         attempt = 1
         while True:
             try:
-                return self._start(run, quota, check_existing, read_namespace)
+                return self._start(run, quotas, check_existing, read_namespace)
             except OperationalError as error:
                 if not is_deadlock(error) or attempt >= START_ATTEMPTS:
                     raise
@@ -217,13 +252,17 @@ class OrmStore(BaseStore):
                 attempt += 1
 
     def _start(
-        self, run: NewRun, quota: Quota | None, check_existing: bool, read_namespace: str | None
+        self,
+        run: NewRun,
+        quotas: tuple[Quota, ...],
+        check_existing: bool,
+        read_namespace: str | None,
     ) -> StartOutcome:
         if self._fast():
-            return self._start_on_postgresql(run, quota, check_existing, read_namespace)
+            return self._start_on_postgresql(run, quotas, check_existing, read_namespace)
         try:
             return super().start_run(
-                run, quota, check_existing=check_existing, read_namespace=read_namespace
+                run, quotas, check_existing=check_existing, read_namespace=read_namespace
             )
         except IntegrityError:
             # A concurrent start without a quota lock inserted the same run id first.
@@ -233,8 +272,14 @@ class OrmStore(BaseStore):
             return existing_outcome(run, existing.workflow, existing.namespace, read_namespace)
 
     def _start_on_postgresql(
-        self, run: NewRun, quota: Quota | None, check_existing: bool, read_namespace: str | None
+        self,
+        run: NewRun,
+        quotas: tuple[Quota, ...],
+        check_existing: bool,
+        read_namespace: str | None,
     ) -> StartOutcome:
+        """One call of ``durable_start_run_v2``."""
+        width = max((len(quota.count_statuses) for quota in quotas), default=0)
         params = (
             run.run_id,
             check_existing,
@@ -246,17 +291,21 @@ class OrmStore(BaseStore):
             run.queue,
             run.parent_id,
             run.attempt,
-            quota.key if quota else None,
-            list(quota.count_statuses) if quota else None,
-            quota.limit if quota else None,
+            [quota.key for quota in quotas],
+            [quota.limit for quota in quotas],
+            [quota.weight for quota in quotas],
+            [
+                [*quota.count_statuses, *[None] * (width - len(quota.count_statuses))]
+                for quota in quotas
+            ],
             read_namespace,
         )
         with connections[self.using].cursor() as cursor:
             cursor.execute(_START_SQL, params)
-            outcome, active, workflow, namespace = cursor.fetchone()
+            outcome, refused, active, workflow, namespace = cursor.fetchone()
         if outcome == "refused":
-            assert quota is not None
-            raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, active)
+            quota = quotas[refused - 1]
+            raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
         if outcome == "exists":
             return existing_outcome(run, workflow, namespace, read_namespace)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
@@ -274,8 +323,6 @@ class OrmStore(BaseStore):
         """
         check_batch_ids(starts)
         connection = connections[self.using]
-        if connection.vendor == "mysql" and not in_callers_transaction(connection):
-            self._insert_lock_rows({start.quota.key for start in starts if start.quota})
         attempt = 1
         while True:
             try:
@@ -297,14 +344,6 @@ class OrmStore(BaseStore):
                     raise
             attempt += 1
 
-    def _insert_lock_rows(self, keys: set[str]) -> None:
-        """Insert and commit the lock rows of the ``keys`` that have none, before the
-        batch's transaction: inside it, each new key's row would take a connection of its
-        own (:meth:`_row_lock`)."""
-        have = QuotaLock.objects.using(self.using).filter(key__in=sorted(keys))
-        for key in sorted(keys - set(have.values_list("key", flat=True))):
-            insert_lock_row(connections[self.using], key)
-
     def _start_many_on_postgresql(
         self, starts: Sequence[StartRequest], read_namespace: str | None
     ) -> list[StartOutcome | ConcurrencyLimitError]:
@@ -317,14 +356,14 @@ class OrmStore(BaseStore):
                 rows = cursor.fetchall()
             assert [row[0] for row in rows] == list(range(1, len(starts) + 1))
             outcomes: list[StartOutcome | ConcurrencyLimitError] = []
-            for index, (start, (_, outcome, active, workflow, namespace)) in enumerate(
+            for index, (start, (_, outcome, refused, active, workflow, namespace)) in enumerate(
                 zip(starts, rows, strict=True)
             ):
-                run, quota = start.run, start.quota
+                run = start.run
                 if outcome == "refused":
-                    assert quota is not None
+                    quota = start.quotas[refused - 1]
                     outcomes.append(
-                        ConcurrencyLimitError(run.workflow, quota.key, quota.limit, active)
+                        ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
                     )
                 elif outcome == "exists":
                     # A clash raises here, inside the transaction: the batch is undone.
@@ -366,6 +405,7 @@ class OrmStore(BaseStore):
                         tag=tag,
                         status=RunStatus.PENDING,
                         namespace=run.namespace,
+                        weight=run.weights.get(tag, 1),
                     )
                     for tag in run.tags
                 )
@@ -415,6 +455,12 @@ class OrmStore(BaseStore):
         if namespace is not None:
             rows = rows.filter(namespace=namespace)
         return rows.count()
+
+    def quota_units(self, quotas: Sequence[Quota], namespace: str | None) -> list[int]:
+        """Every quota's units in one query (``RunTagQuerySet.units``)."""
+        return RunTag.objects.using(self.using).units(
+            [(quota.tag, quota.count_statuses) for quota in quotas], namespace
+        )
 
     def transition(
         self,
@@ -587,21 +633,36 @@ class OrmStore(BaseStore):
     def forget_failed_steps(self, run_id: str) -> None:
         Step.objects.using(self.using).filter(run_id=run_id, error__isnull=False).delete()
 
-    def set_quota_tag(self, run_id: str, tag: str | None) -> None:
+    def set_quota_tags(self, run_id: str, weights: Mapping[str, int]) -> None:
         tags = RunTag.objects.using(self.using)
         with transaction.atomic(using=self.using, savepoint=False):
-            tags.filter(quota_tags(self.using), run_id=run_id).exclude(tag=tag or "").delete()
-            if tag is not None and not tags.filter(run_id=run_id, tag=tag).exists():
-                run = self._runs().only("status", "namespace").get(pk=run_id)
-                tags.create(run_id=run_id, tag=tag, status=run.status, namespace=run.namespace)
-            elif tag is not None:
-                status = self._runs().values_list("status", flat=True).get(pk=run_id)
-                tags.filter(run_id=run_id, tag=tag).update(status=status)
+            tags.filter(quota_tags(self.using), run_id=run_id).exclude(
+                tag__in=list(weights)
+            ).delete()
+            if not weights:
+                return
+            run = self._runs().only("status", "namespace").get(pk=run_id)
+            present = set(
+                tags.filter(run_id=run_id, tag__in=list(weights)).values_list("tag", flat=True)
+            )
+            for tag in present:
+                tags.filter(run_id=run_id, tag=tag).update(status=run.status, weight=weights[tag])
+            tags.bulk_create(
+                RunTag(
+                    run_id=run_id,
+                    tag=tag,
+                    status=run.status,
+                    namespace=run.namespace,
+                    weight=units,
+                )
+                for tag, units in weights.items()
+                if tag not in present
+            )
 
     def quota_keys(
         self, statuses: Collection[str], namespace: str | None
     ) -> dict[str, dict[str, int]]:
-        """``{key: {workflow: runs}}`` for the quota keys holding runs in ``statuses``."""
+        """``{key: {workflow: units}}`` for the quota keys holding runs in ``statuses``."""
         rows = RunTag.objects.using(self.using).filter(
             quota_tags(self.using), status__in=list(statuses)
         )
@@ -609,10 +670,40 @@ class OrmStore(BaseStore):
             rows = rows.filter(namespace=namespace)
         found: dict[str, dict[str, int]] = {}
         for tag, workflow, count in rows.values_list("tag", "run__workflow").annotate(
-            count=Count("id")
+            count=Sum("weight")
         ):
             found.setdefault(tag[len(TAG_PREFIX) :], {})[workflow] = count
         return found
+
+    def quota_holders(
+        self, tag: str, statuses: Collection[str], namespace: str | None
+    ) -> list[RunRecord]:
+        """The key's holders: their tag rows found through the tag index, then their runs
+        by primary key, oldest first."""
+        tagged = RunTag.objects.using(self.using).filter(tag=tag, status__in=list(statuses))
+        if namespace is not None:
+            tagged = tagged.filter(namespace=namespace)
+        weight = tagged.filter(run_id=OuterRef("pk")).values("weight")[:1]
+        rows = self._runs().filter(pk__in=tagged.values("run_id"), status__in=list(statuses))
+        rows = rows.annotate(key_weight=Subquery(weight))
+        return [_holder_record(row, tag) for row in rows.order_by("created_at", "pk")]
+
+    def finished_spans(
+        self, tag: str, namespace: str | None, finished_since: datetime, limit: int
+    ) -> list[tuple[datetime, datetime]]:
+        """The key's finished tag rows found through the tag index, joined to their runs
+        for the times, the latest ``limit`` that finished since ``finished_since``."""
+        rows = RunTag.objects.using(self.using).filter(
+            tag=tag,
+            status__in=list(TERMINAL_STATUSES),
+            run__finished_at__gte=finished_since,
+        )
+        if namespace is not None:
+            rows = rows.filter(namespace=namespace)
+        found = rows.order_by("-run__finished_at").values_list(
+            "run__created_at", "run__finished_at"
+        )[:limit]
+        return [(created, finished) for created, finished in found if finished is not None]
 
     # signals ------------------------------------------------------------------------
 
@@ -789,10 +880,10 @@ def insert_lock_row(connection: BaseDatabaseWrapper, key: str) -> None:
         pass
 
 
-def _lock_inserted_row(rows: QuerySet[QuotaLock], key: str) -> None:
-    if not rows.update(last_start_at=timezone.now()):
+def _lock_inserted_rows(rows: QuerySet[QuotaLock], keys: list[str]) -> None:
+    if rows.update(last_start_at=timezone.now()) != len(keys):
         raise DurableError(
-            f"quota key {key!r} has no lock row although one was just inserted: "
+            f"a quota key of {keys!r} has no lock row although one was just inserted: "
             "durable_quota_lock rows must not be deleted"
         )
 
@@ -841,8 +932,10 @@ _JSON_FIELDS = frozenset({"output", "error", "wait"})
 
 def _start_json(start: StartRequest) -> dict[str, Any]:
     """One start of a batch as ``durable_start_runs_v1`` reads it: the arguments of
-    ``durable_start_run_v1``, those that are ``NULL`` left out."""
-    run, quota = start.run, start.quota
+    ``durable_start_run_v2``, those that are ``NULL`` left out. ``statuses`` holds one
+    row per quota, padded with ``null`` to the longest (a two-dimensional array)."""
+    run, quotas = start.run, start.quotas
+    width = max((len(quota.count_statuses) for quota in quotas), default=0)
     item: dict[str, Any] = {
         "id": run.run_id,
         "check_existing": start.check_existing,
@@ -853,11 +946,16 @@ def _start_json(start: StartRequest) -> dict[str, Any]:
         "tags": list(run.tags),
         "queue": run.queue,
         "attempt": run.attempt,
+        "keys": [quota.key for quota in quotas],
+        "limits": [quota.limit for quota in quotas],
+        "weights": [quota.weight for quota in quotas],
+        "statuses": [
+            [*quota.count_statuses, *[None] * (width - len(quota.count_statuses))]
+            for quota in quotas
+        ],
     }
     if run.parent_id is not None:
         item["parent_id"] = run.parent_id
-    if quota is not None:
-        item.update(key=quota.key, statuses=list(quota.count_statuses), limit=quota.limit)
     return item
 
 
@@ -877,7 +975,16 @@ def _step_json(step: StepRecord, connection: BaseDatabaseWrapper) -> tuple[Any, 
     )
 
 
+def _holder_record(row: Run, tag: str) -> RunRecord:
+    """A holder of ``tag`` read with its weight under it (annotated ``key_weight``)."""
+    weight: int = getattr(row, "key_weight", 1)
+    return dataclasses.replace(_record(row, [tag]), weights={tag: weight} if weight != 1 else {})
+
+
 def _record(row: Run, tags: list[str] | None = None) -> RunRecord:
+    weights = (
+        {} if tags is not None else {t.tag: t.weight for t in row.tag_rows.all() if t.weight != 1}
+    )
     return RunRecord(
         run_id=row.pk,
         workflow=row.workflow,
@@ -900,4 +1007,5 @@ def _record(row: Run, tags: list[str] | None = None) -> RunRecord:
         wait=row.wait,
         lease_owner=row.lease_owner,
         lease_expires_at=row.lease_expires_at,
+        weights=weights,
     )

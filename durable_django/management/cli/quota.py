@@ -6,6 +6,8 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
+from ... import estimates
+from ...estimates import Estimate
 from ...usage import QuotaUsage
 from .base import Subcommand
 
@@ -22,39 +24,82 @@ class QuotaSubcommand(Subcommand):
     @classmethod
     def add_arguments(cls, parser: CommandParser) -> None:
         parser.add_argument("key", nargs="?", metavar="KEY", help="One quota key, busy or not.")
+        parser.add_argument(
+            "--estimate",
+            action="store_true",
+            help="Also the age of each key's oldest holder and when its next slot likely "
+            "frees, estimated as a refused start's retry_after is.",
+        )
 
     def handle(self, **options: Any) -> None:
         usage = self.engine.quota_usage(options["key"])
+        found = (
+            {u.key: estimates.for_usage(self.engine, u) for u in usage}
+            if options["estimate"]
+            else {}
+        )
         if self.as_json:
-            self.emit_json(
-                [
-                    {
-                        "key": u.key,
-                        "tag": u.tag,
-                        "active": u.active,
-                        "limit": u.limit,
-                        "full": u.full,
-                        "workflows": list(u.workflows),
-                        "limit_computed": u.limit_computed,
-                        "limit_error": u.limit_error,
-                    }
-                    for u in usage
-                ]
-            )
+            self.emit_json([{**usage_json(u), **estimate_json(u, found)} for u in usage])
             return
         if not usage:
             self.write("No quota key holds active runs.")
             return
-        self.table(
-            ["KEY", "ACTIVE", "LIMIT", "USE", "WORKFLOWS"],
-            ([u.key, u.active, limit_cell(u), bar(u.active, u.limit), u.workflows] for u in usage),
-            right=[1, 2],
-        )
+        headers = ["KEY", "ACTIVE", "LIMIT", "USE", "WORKFLOWS"]
+        rows = [
+            [u.key, u.active, limit_cell(u), bar(u.active, u.limit), u.workflows] for u in usage
+        ]
+        if options["estimate"]:
+            headers[4:4] = ["OLDEST", "NEXT SLOT"]
+            for row, u in zip(rows, usage, strict=True):
+                row[4:4] = estimate_cells(u, found[u.key])
+        self.table(headers, rows, right=[1, 2])
         notes = limit_notes(usage)
         if notes:
             self.write("")
             for note in notes:
                 self.write(note)
+
+
+def usage_json(u: QuotaUsage) -> dict[str, Any]:
+    """One key's usage, for scripts."""
+    return {
+        "key": u.key,
+        "tag": u.tag,
+        "active": u.active,
+        "limit": u.limit,
+        "full": u.full,
+        "workflows": list(u.workflows),
+        "limit_computed": u.limit_computed,
+        "limit_error": u.limit_error,
+    }
+
+
+def estimate_json(u: QuotaUsage, found: dict[str, Estimate | None]) -> dict[str, Any]:
+    """With ``--estimate``: the oldest holder's age, and the next slot's estimate (``None``
+    while a slot is free or nothing holds the key) with what it is based on."""
+    if u.key not in found:
+        return {}
+    estimate = found[u.key]
+    if estimate is None:
+        return {"oldest_age": None, "retry_after": None, "basis": None}
+    free = u.limit is not None and not u.full
+    return {
+        "oldest_age": estimate.oldest_age,
+        "retry_after": None if free else estimate.seconds,
+        "basis": estimate.basis,
+    }
+
+
+def estimate_cells(u: QuotaUsage, estimate: Estimate | None) -> list[str]:
+    """The OLDEST and NEXT SLOT columns: ``free`` while a slot is; ``?`` without history."""
+    if estimate is None:
+        return ["", ""]
+    oldest = f"{estimate.oldest_age:.1f}s" if estimate.oldest_age is not None else ""
+    if u.limit is not None and not u.full:
+        return [oldest, "free"]
+    if estimate.basis != estimates.HISTORY:
+        return [oldest, "?"]
+    return [oldest, f"~{estimate.seconds:.1f}s"]
 
 
 def limit_cell(usage: QuotaUsage) -> str | int | None:

@@ -303,56 +303,214 @@ END
 $$;
 
 
+-- The locks of several quota keys, durable_lock_quota_key_v1 each, taken in one order: the
+-- keys' byte order (COLLATE "C"), each once. Two starters whose keys overlap take their
+-- common keys in the same order, so they never wait on each other in a cycle. The order is
+-- also Python's order of str (code points, which UTF-8 keeps), so the portable path, which
+-- calls this function, and durable_start_run_v2 agree.
+CREATE OR REPLACE FUNCTION durable_lock_quota_keys_v1(p_keys text[]) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_key text;
+BEGIN
+    FOR v_key IN SELECT DISTINCT k COLLATE "C" FROM unnest(p_keys) AS k ORDER BY 1 LOOP
+        PERFORM durable_lock_quota_key_v1(v_key);
+    END LOOP;
+END
+$$;
+
+
+-- One start in one call, under any number of quotas, each weighing p_weights[i] units: the
+-- lock of every key (in byte order: durable_lock_quota_keys_v1), the existing-run check,
+-- then for each quota in the order given (the declaration order) the units of its key, the
+-- sum of the weights of the key's tag rows in its statuses (in p_read_namespace when
+-- given), refused when those units and p_weights[i] would exceed p_limits[i]; then the
+-- inserts of the run and its tags, each quota's tag with its weight (other tags weigh 1).
+--
+-- p_keys, p_limits and p_weights are parallel arrays, one element per quota, the keys
+-- distinct (a caller merges two quotas of one key), every weight at least 1; empty arrays
+-- make an unlimited start. p_statuses is a two-dimensional array, row i the statuses of
+-- quota i (at most seven, each once; a shorter row is padded with NULL). p_tags holds every
+-- tag of the run, its quotas' tags 'concurrency:' || key among them. Returns one row:
+-- outcome 'created', 'exists' (with the existing run's workflow and namespace) or
+-- 'refused' (with refused, the 1-based position of the first quota that refused, and
+-- active, its key's units).
+--
+-- With one quota of weight 1 it does what durable_start_run_v1 does, at the same cost: one
+-- lock, one count (a sum of the index's rows), and the inserts. The count is the
+-- UNION ALL of one branch per status that durable_start_run_v1 makes (see there why),
+-- under the same settings, for the same reasons.
+CREATE OR REPLACE FUNCTION durable_start_run_v2(
+    p_id text,
+    p_check_existing boolean,
+    p_workflow text,
+    p_version text,
+    p_namespace text,
+    p_input jsonb,
+    p_tags text[],
+    p_queue text,
+    p_parent_id text,
+    p_attempt integer,
+    p_keys text[],
+    p_limits integer[],
+    p_weights integer[],
+    p_statuses text[],
+    p_read_namespace text
+) RETURNS TABLE(
+    outcome text, refused integer, active bigint, found_workflow text, found_namespace text
+)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET max_parallel_workers_per_gather = 0
+SET jit = off
+AS $$
+DECLARE
+    v_quotas integer := coalesce(cardinality(p_keys), 0);
+    v_active bigint := 0;
+    v_now timestamptz := clock_timestamp();
+    v_tag text;
+BEGIN
+    IF v_quotas > 0 THEN
+        IF coalesce(cardinality(p_limits), 0) <> v_quotas
+            OR coalesce(cardinality(p_weights), 0) <> v_quotas
+            OR coalesce(array_length(p_statuses, 1), 0) <> v_quotas THEN
+            RAISE EXCEPTION 'durable_start_run_v2 takes one limit, weight and row of statuses per key';
+        END IF;
+        IF array_length(p_statuses, 2) > 7 THEN
+            RAISE EXCEPTION 'durable_start_run_v2 counts at most 7 distinct statuses';
+        END IF;
+        IF v_quotas = 1 THEN
+            PERFORM durable_lock_quota_key_v1(p_keys[1]);
+        ELSE
+            IF (SELECT count(DISTINCT k) FROM unnest(p_keys) AS k) <> v_quotas THEN
+                RAISE EXCEPTION 'durable_start_run_v2 takes each key once';
+            END IF;
+            PERFORM durable_lock_quota_keys_v1(p_keys);
+        END IF;
+    END IF;
+    IF p_check_existing THEN
+        RETURN QUERY SELECT 'exists'::text, NULL::integer, 0::bigint, r.workflow::text,
+                r.namespace::text
+            FROM durable_run r WHERE r.id = p_id;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    FOR i IN 1 .. v_quotas LOOP
+        IF p_weights[i] IS NULL OR p_weights[i] < 1 THEN
+            RAISE EXCEPTION 'durable_start_run_v2: weight % of key % is below 1',
+                p_weights[i], p_keys[i];
+        END IF;
+        v_tag := 'concurrency:' || p_keys[i];
+        SELECT coalesce(sum(counted.weight), 0) INTO v_active FROM (
+            SELECT t.weight FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[i][1]
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+            UNION ALL
+            SELECT t.weight FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[i][2]
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+            UNION ALL
+            SELECT t.weight FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[i][3]
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+            UNION ALL
+            SELECT t.weight FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[i][4]
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+            UNION ALL
+            SELECT t.weight FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[i][5]
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+            UNION ALL
+            SELECT t.weight FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[i][6]
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+            UNION ALL
+            SELECT t.weight FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[i][7]
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+        ) AS counted;
+        IF v_active + p_weights[i] > p_limits[i] THEN
+            RETURN QUERY SELECT 'refused'::text, i, v_active, NULL::text, NULL::text;
+            RETURN;
+        END IF;
+    END LOOP;
+    INSERT INTO durable_run (
+        id, workflow, version, namespace, status, queue, input, output, error,
+        parent_id, blocked_reason, attempt, created_at, updated_at, started_at, finished_at
+    ) VALUES (
+        p_id, p_workflow, p_version, p_namespace, 'pending', p_queue, p_input, NULL, NULL,
+        p_parent_id, '', p_attempt, v_now, v_now, NULL, NULL
+    ) ON CONFLICT (id) DO NOTHING;
+    IF NOT FOUND THEN
+        -- A concurrent start inserted this id first; it has committed by now.
+        RETURN QUERY SELECT 'exists'::text, NULL::integer, 0::bigint, r.workflow::text,
+                r.namespace::text
+            FROM durable_run r WHERE r.id = p_id;
+        RETURN;
+    END IF;
+    IF v_quotas = 0 THEN
+        INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)
+            SELECT p_id, tag, 'pending', p_namespace, 1 FROM unnest(p_tags) AS tag;
+    ELSE
+        INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)
+            SELECT p_id, t.tag, 'pending', p_namespace, coalesce(q.weight, 1)
+            FROM unnest(p_tags) AS t(tag)
+            LEFT JOIN unnest(p_keys, p_weights) AS q(key, weight)
+                ON t.tag = 'concurrency:' || q.key;
+    END IF;
+    RETURN QUERY SELECT 'created'::text, NULL::integer, v_active, p_workflow, p_namespace;
+END
+$$;
+
+
 -- A batch of starts in one call: for each element of p_runs (a JSON array), in order, what
--- durable_start_run_v1 does, by calling it; returns one row per element, its position (from
--- 1) and durable_start_run_v1's row. A refused element creates nothing and the others go on.
+-- durable_start_run_v2 does, by calling it; returns one row per element, its position (from
+-- 1) and durable_start_run_v2's row. A refused element creates nothing and the others go on.
 --
--- Each element is an object holding durable_start_run_v1's arguments by name: id,
+-- Each element is an object holding durable_start_run_v2's arguments by name: id,
 -- check_existing, workflow, version, namespace, input, tags, queue, parent_id, attempt,
--- key, statuses, limit (p_read_namespace is the batch's). A NULL argument is left out.
+-- keys, limits, weights (arrays, one item per quota) and statuses (an array of arrays, one
+-- per quota, padded with null to the longest); p_read_namespace is the batch's. A NULL
+-- argument is left out.
 --
--- Deadlocks: every quota key of the batch is locked first, in the byte order of its UTF-8
--- text (COLLATE "C", which is also the code point order the portable path sorts keys in),
--- before the first start; each lock is held until the transaction ends, and the single
--- start's own lock of its key is then taken again by the same transaction, which does not
--- wait. Two batches sharing keys, in whatever order their elements name them, take the
--- keys in the same order, so neither waits for a key the other holds while holding one it
--- needs. A single start holds one key and waits for no other.
+-- Deadlocks: every quota key of every element is locked first, by one call of
+-- durable_lock_quota_keys_v1 (the keys' byte order, COLLATE "C", which is also the code
+-- point order the portable path sorts keys in), before the first start; each lock is held
+-- until the transaction ends, and durable_start_run_v2's own locks of its keys are then
+-- taken again by the same transaction, which does not wait. Two batches sharing keys, or a
+-- batch and a single start under several quotas, in whatever order their elements name
+-- them, take the common keys in the same order, so neither waits for a key the other
+-- holds while holding one it needs.
 --
--- The quota rule lives in durable_start_run_v1 alone: a later version of the single start
+-- The quota rule lives in durable_start_run_v2 alone: a later version of the single start
 -- is called here in its place by a later version of this function.
 CREATE OR REPLACE FUNCTION durable_start_runs_v1(
     p_runs jsonb,
     p_read_namespace text
 ) RETURNS TABLE(
-    "position" integer, outcome text, active integer, found_workflow text,
+    "position" integer, outcome text, refused integer, active bigint, found_workflow text,
     found_namespace text
 )
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_key text;
     v_run jsonb;
     v_position integer;
+    v_keys text[];
 BEGIN
-    FOR v_key IN
-        SELECT k.key FROM (
-            SELECT DISTINCT (e.value ->> 'key') COLLATE "C" AS key
-            FROM jsonb_array_elements(p_runs) AS e
-        ) AS k
-        WHERE k.key IS NOT NULL
-        ORDER BY k.key
-    LOOP
-        PERFORM durable_lock_quota_key_v1(v_key);
-    END LOOP;
+    v_keys := ARRAY(
+        SELECT k.key
+        FROM jsonb_array_elements(p_runs) AS e,
+            jsonb_array_elements_text(coalesce(e.value -> 'keys', '[]'::jsonb)) AS k(key)
+    );
+    IF cardinality(v_keys) > 0 THEN
+        PERFORM durable_lock_quota_keys_v1(v_keys);
+    END IF;
     FOR v_run, v_position IN
         SELECT e.value, e.ordinality::integer
         FROM jsonb_array_elements(p_runs) WITH ORDINALITY AS e
         ORDER BY e.ordinality
     LOOP
-        RETURN QUERY SELECT v_position, s.outcome, s.active, s.found_workflow,
+        RETURN QUERY SELECT v_position, s.outcome, s.refused, s.active, s.found_workflow,
             s.found_namespace
-        FROM durable_start_run_v1(
+        FROM durable_start_run_v2(
             v_run ->> 'id',
             (v_run ->> 'check_existing')::boolean,
             v_run ->> 'workflow',
@@ -363,9 +521,21 @@ BEGIN
             v_run ->> 'queue',
             v_run ->> 'parent_id',
             (v_run ->> 'attempt')::integer,
-            v_run ->> 'key',
-            ARRAY(SELECT jsonb_array_elements_text(v_run -> 'statuses')),
-            (v_run ->> 'limit')::integer,
+            ARRAY(SELECT jsonb_array_elements_text(coalesce(v_run -> 'keys', '[]'::jsonb))),
+            ARRAY(
+                SELECT w::integer
+                FROM jsonb_array_elements_text(coalesce(v_run -> 'limits', '[]'::jsonb)) AS w
+            ),
+            ARRAY(
+                SELECT w::integer
+                FROM jsonb_array_elements_text(coalesce(v_run -> 'weights', '[]'::jsonb)) AS w
+            ),
+            ARRAY(
+                SELECT ARRAY(SELECT jsonb_array_elements_text(r.value))
+                FROM jsonb_array_elements(coalesce(v_run -> 'statuses', '[]'::jsonb))
+                    WITH ORDINALITY AS r
+                ORDER BY r.ordinality
+            ),
             p_read_namespace
         ) AS s;
     END LOOP;

@@ -1,4 +1,5 @@
-"""The PostgreSQL function ``durable_start_runs_v1``: a batch of starts in one call."""
+"""The PostgreSQL function ``durable_start_runs_v1``: a batch of starts in one call,
+``durable_start_run_v2`` per element."""
 
 from django.db import migrations
 
@@ -8,7 +9,7 @@ import durable_django.stores.postgres.operations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('durable_django', '0002_postgresql_functions'),
+        ('durable_django', '0003_quota_weights'),
     ]
 
     operations = [

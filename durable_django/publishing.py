@@ -1,0 +1,329 @@
+"""The messages that make workers execute runs: Celery task messages (protocol 2, JSON)
+for ``durable_django.execute_run``, sent through kombu without Celery's per-call work.
+
+``Task.apply_async`` spends most of a send on work that is the same for every message of
+a run: routing the task, building its options, copying the retry policy, firing the
+publish signals, checking the queue was declared, and acquiring a producer from a pool
+with locks. :func:`publish_runs` does that once per process and queue: the route (the
+queue, exchange and routing key Celery's router gives the task) is resolved once and
+kept, the queue is declared once per broker connection, and each message is only its
+headers and its body, written from the run id, handed to kombu's ``Producer.publish``
+on a connection kept in a small pool of this module.
+
+What a worker receives is what ``execute_run.apply_async((run_id,), queue=queue)``
+sends: the same headers and properties, the same body, on the same route, with the
+app's delivery mode, compression and publish retry policy. The producers follow the
+Celery app: when its connection pool is replaced (new broker settings, a fork), the old
+producers are dropped and new ones connect. With Celery's ``task_always_eager`` (a test
+setting), runs go through ``apply_async`` and execute at once, as Celery does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+from celery.app import app_or_default
+from celery.utils.nodenames import anon_nodename
+from kombu import Connection, Producer, Queue
+from kombu.common import Broadcast, maybe_declare
+from kombu.exceptions import OperationalError
+
+#: The Celery task every message asks a worker to run, with the run id as its argument.
+TASK_NAME = "durable_django.execute_run"
+
+# The body of protocol 2: (args, kwargs, embed); args is [run_id].
+_BODY_HEAD = "[["
+_BODY_TAIL = '], {}, {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where the messages of one queue go, as Celery's router and ``send_task_message``
+    decide for the task: the queue to declare, the exchange and routing key, and the
+    delivery mode."""
+
+    queue: Queue
+    exchange: str
+    routing_key: str
+    delivery_mode: Any
+    declare: bool
+
+
+class _Pooled:
+    """A producer on a connection of its own, and the queues declared on it."""
+
+    __slots__ = ("connection", "declared", "producer", "ready")
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.producer = Producer(connection)
+        self.declared: set[str] = set()
+        self.ready = False
+
+    def prepare(self) -> None:
+        """Open the channel; on Redis, have it keep one client for its connection pool."""
+        _keep_redis_client(self.producer.channel)
+        self.ready = True
+
+    def close(self) -> None:
+        # a connection that broke may fail to close; it is dropped anyway
+        with contextlib.suppress(Exception):
+            self.connection.close()
+
+
+def _keep_redis_client(channel: Any) -> None:
+    """kombu's Redis channel builds a ``redis.Redis`` client (and its table of 169
+    response callbacks) for every message it puts on a queue, about a third of a send's
+    CPU. The channels of this module's producers keep one per connection pool instead:
+    a client is only a view of its pool, and it reconnects through it."""
+    factory = getattr(channel, "Client", None)
+    if factory is None or type(channel).__module__ != "kombu.transport.redis":
+        return
+    kept: dict[int, Any] = {}
+
+    def client(**kwargs: Any) -> Any:
+        pool = kwargs.get("connection_pool")
+        if pool is None or len(kwargs) != 1:  # a credential provider: as kombu does
+            return factory(**kwargs)
+        made = kept.get(id(pool))
+        if made is None or made.connection_pool is not pool:
+            made = kept[id(pool)] = factory(**kwargs)
+        return made
+
+    channel.Client = client
+
+
+class Publisher:
+    """Sends ``execute_run`` messages for one Celery app: routes kept per queue,
+    producers kept in a pool (at most ``broker_pool_limit`` idle)."""
+
+    def __init__(self, app: Celery) -> None:
+        conf = app.conf
+        self.app = app
+        self.source = app.pool  # replaced by Celery on a fork or new broker settings
+        self.pid = os.getpid()
+        self.origin = anon_nodename()
+        self.compression: str | None = conf.task_compression
+        self.retry = bool(conf.task_publish_retry)
+        self.policy: dict[str, Any] = dict(conf.task_publish_retry_policy or {})
+        limit = conf.broker_pool_limit
+        self.limit = 10 if limit is None else int(limit)
+        self.routes: dict[str, Route] = {}
+        self.idle: deque[_Pooled] = deque()
+
+    def is_current(self, app: Celery) -> bool:
+        """Whether this publisher still serves ``app`` as it is configured now."""
+        return app is self.app and app.pool is self.source and os.getpid() == self.pid
+
+    def route(self, queue: str) -> Route:
+        """The route of ``queue`` ("" for the task's default routing), resolved once."""
+        route = self.routes.get(queue)
+        if route is None:
+            route = self.routes[queue] = self._resolve(queue)
+        return route
+
+    def _resolve(self, queue: str) -> Route:
+        app = self.app
+        amqp = app.amqp
+        options = amqp.router.route({"queue": queue} if queue else {}, TASK_NAME, (), {})
+        target = options.get("queue")
+        if target is None:
+            target = amqp.default_queue
+        elif isinstance(target, str):
+            target = amqp.queues[target]
+        exchange = options.get("exchange")
+        routing_key = options.get("routing_key")
+        exchange_type = getattr(target.exchange, "type", "direct")
+        # as Celery's send_task_message: a direct exchange is sent through the default one
+        if (not exchange or not routing_key) and exchange_type == "direct":
+            exchange, routing_key = "", target.name
+        else:
+            exchange = getattr(exchange, "name", exchange) or target.exchange.name
+            exchange = exchange or amqp.default_exchange.name
+            routing_key = routing_key or target.routing_key or app.conf.task_default_routing_key
+        delivery_mode = (
+            getattr(target.exchange, "delivery_mode", None) or app.conf.task_default_delivery_mode
+        )
+        return Route(
+            queue=target,
+            exchange=exchange,
+            routing_key=routing_key,
+            delivery_mode=delivery_mode,
+            declare=not isinstance(target, Broadcast),
+        )
+
+    # the pool ---------------------------------------------------------------------
+
+    def _acquire(self) -> _Pooled:
+        try:
+            return self.idle.pop()
+        except IndexError:
+            return _Pooled(self.app.connection_for_write())
+
+    def _release(self, pooled: _Pooled) -> None:
+        if len(self.idle) < self.limit:
+            self.idle.append(pooled)
+        else:
+            pooled.close()
+
+    def close(self) -> None:
+        """Close the idle producers' connections."""
+        while self.idle:
+            self.idle.pop().close()
+
+    # sending ----------------------------------------------------------------------
+
+    def publish(self, runs: Sequence[tuple[str, str]]) -> None:
+        """Send one message per ``(run_id, queue)``; retry on a broker error as the app's
+        publish retry policy says (an unbounded ``max_retries`` is taken as 3), on a new
+        connection each time; raise the last error."""
+        most_retries = self.policy.get("max_retries", 3)
+        retries = (3 if most_retries is None else int(most_retries)) if self.retry else 0
+        interval = float(self.policy.get("interval_start", 0) or 0)
+        step = float(self.policy.get("interval_step", 0.2) or 0)
+        most = float(self.policy.get("interval_max", 0.2) or 0)
+        attempt = 0
+        while True:
+            pooled = self._acquire()
+            try:
+                self._send(pooled, runs)
+            except BaseException as error:
+                pooled.close()  # a connection that failed is never reused
+                connection = pooled.connection
+                recoverable = (
+                    *connection.connection_errors,
+                    *connection.channel_errors,
+                    OperationalError,  # kombu's, for a connection it could not make
+                    OSError,
+                )
+                if not isinstance(error, recoverable) or attempt >= retries:
+                    raise
+                attempt += 1
+                if interval:
+                    time.sleep(interval)
+                interval = min(interval + step, most)
+            else:
+                self._release(pooled)
+                return
+
+    def _send(self, pooled: _Pooled, runs: Sequence[tuple[str, str]]) -> None:
+        producer = pooled.producer
+        batch = getattr(producer, "batch", None)  # kombu 5.7 and later
+        if (
+            len(runs) > 1
+            and batch is not None
+            and getattr(producer, "supports_batch_publish", False)
+        ):
+            with batch():  # one round trip on Redis
+                for run_id, queue in runs:
+                    self._send_one(pooled, run_id, queue)
+        else:
+            for run_id, queue in runs:
+                self._send_one(pooled, run_id, queue)
+
+    def _send_one(self, pooled: _Pooled, run_id: str, queue: str) -> None:
+        route = self.route(queue)
+        if not pooled.ready:
+            pooled.prepare()
+        if route.declare and queue not in pooled.declared:
+            channel: Any = pooled.producer.channel  # a channel once the producer is bound
+            maybe_declare(route.queue, channel, retry=False)
+            pooled.declared.add(queue)
+        task_id = str(uuid.uuid4())
+        pooled.producer.publish(
+            (_BODY_HEAD + json.dumps(run_id) + _BODY_TAIL).encode(),
+            exchange=route.exchange,
+            routing_key=route.routing_key,
+            headers={
+                "lang": "py",
+                "task": TASK_NAME,
+                "id": task_id,
+                "shadow": None,
+                "eta": None,
+                "expires": None,
+                "group": None,
+                "group_index": None,
+                "retries": 0,
+                "timelimit": [None, None],
+                "root_id": task_id,
+                "parent_id": None,
+                "argsrepr": f"({run_id!r},)",
+                "kwargsrepr": "{}",
+                "origin": self.origin,
+                "ignore_result": True,
+                "replaced_task_nesting": 0,
+                "stamped_headers": None,
+                "stamps": {},
+            },
+            content_type="application/json",
+            content_encoding="utf-8",
+            delivery_mode=route.delivery_mode,
+            compression=self.compression,
+            correlation_id=task_id,
+            reply_to="",
+            retry=False,
+        )
+
+
+_publisher: Publisher | None = None
+_publisher_lock = threading.Lock()
+
+
+def publisher() -> Publisher:
+    """The publisher of the current Celery app, made anew when the app's broker
+    connections were replaced (other settings, or a fork)."""
+    global _publisher
+    app = app_or_default(None)
+    current = _publisher
+    if current is not None and current.is_current(app):
+        return current
+    with _publisher_lock:
+        current = _publisher
+        if current is None or not current.is_current(app):
+            if current is not None and current.pid == os.getpid():
+                current.close()  # a forked child leaves its parent's connections alone
+            current = _publisher = Publisher(app)
+    return current
+
+
+def publish_runs(runs: Iterable[tuple[str, str]]) -> None:
+    """Send the ``execute_run`` message of each ``(run_id, queue)`` (queue "" for the
+    task's default routing), on one broker connection, in one round trip on Redis.
+
+    Raises the broker's error once the app's publish retry policy is spent; the runs
+    are then sent again by the tick.
+    """
+    batch = runs if isinstance(runs, Sequence) else list(runs)
+    if batch:
+        _publish(publisher(), batch)
+
+
+def publish_run(run_id: str, queue: str) -> None:
+    """Send the ``execute_run`` message of one run; see :func:`publish_runs`."""
+    _publish(publisher(), ((run_id, queue),))
+
+
+def _publish(current: Publisher, runs: Sequence[tuple[str, str]]) -> None:
+    app = current.app
+    if app.conf.task_always_eager:  # Celery's test mode: the task runs here, at once
+        task = app.tasks[TASK_NAME]
+        for run_id, queue in runs:
+            if queue:
+                task.apply_async((run_id,), queue=queue)
+            else:  # the task's default routing
+                task.apply_async((run_id,))
+    else:
+        current.publish(runs)
+
+
+__all__ = ["TASK_NAME", "Publisher", "Route", "publish_run", "publish_runs", "publisher"]

@@ -1,0 +1,249 @@
+"""Tasks of Django's tasks framework (Django >= 6.0) as durable runs: the workflow that
+executes them, and a run read back as a ``TaskResult``.
+
+Every task is enqueued as a run of one workflow, :data:`WORKFLOW`, whose input names the
+task by its dotted path, with its arguments. The body waits for ``run_after`` on a
+durable timer, records when and where the task starts, then calls the task function as
+one step. ``task_started`` is sent by the worker as the function is called,
+``task_finished`` once the run has ended (in the process that ended it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+from typing import Any
+
+from django.dispatch import Signal
+from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+from django.tasks.base import Task, TaskError
+from django.tasks.exceptions import InvalidTaskBackend, TaskResultDoesNotExist
+from django.tasks.signals import task_finished, task_started
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from .engines import Engine, default_engine
+from .errors import RunNotFound
+from .execution import Context
+from .records import RunRecord, StepRecord
+from .registry import WorkflowDefinition
+from .signals import run_finished
+from .status import RunStatus
+
+logger = logging.getLogger("durable_django.tasks_backend")
+
+#: The workflow every task runs as.
+WORKFLOW = "django.task"
+VERSION = "1"
+#: The steps of a task's run: when and where the task function was called, and its call.
+STARTED_STEP = "django.task.started"
+CALL_STEP = "django.task.call"
+
+#: The errors of a run that ended without one of its own: cancelled.
+CANCELLED_ERROR = "durable_django.errors.RunFailed"
+
+
+def register(engine: Engine | None = None) -> WorkflowDefinition:
+    """Register :data:`WORKFLOW` on ``engine`` (the default one); again is a no-op."""
+    return (engine or default_engine).register(WORKFLOW, VERSION, run_task)
+
+
+# the run ------------------------------------------------------------------------------
+
+
+def run_task(ctx: Context, input: dict[str, Any]) -> Any:
+    """The body of a task's run: wait until ``run_after``, then call the task once."""
+    run_after = input.get("run_after")
+    if run_after is not None:
+        ctx.sleep(datetime.datetime.fromisoformat(run_after) - ctx.now())
+    started = ctx.step(STARTED_STEP, _started)
+    return ctx.step(CALL_STEP, call_task, ctx.engine, ctx.run_id, input, started)
+
+
+def _started() -> dict[str, str]:
+    return {
+        "at": timezone.now().isoformat(),
+        "worker": f"{socket.gethostname()}:{os.getpid()}",
+    }
+
+
+def call_task(engine: Engine, run_id: str, input: dict[str, Any], started: dict[str, str]) -> Any:
+    """Call the task function with the run's arguments, after ``task_started``."""
+    task = load_task(run_id, input)
+    result = task_result(
+        task,
+        run_id,
+        TaskResultStatus.RUNNING,
+        input,
+        enqueued_at=engine.get_run(run_id).created_at,
+        started=started,
+    )
+    send(task_started, input, task_result=result)
+    args, kwargs = input["args"], input["kwargs"]
+    if task.takes_context:
+        return task.call(TaskContext(task_result=result), *args, **kwargs)
+    return task.call(*args, **kwargs)
+
+
+# a run as a TaskResult ----------------------------------------------------------------
+
+
+def load_task(run_id: str, input: dict[str, Any]) -> Task[..., Any]:
+    """The task a run executes, as it was enqueued (its ``run_after`` and queue)."""
+    path = input["task"]
+    try:
+        found = import_string(path)
+    except ImportError as error:
+        raise TaskResultDoesNotExist(
+            f"run {run_id!r} executes task {path!r}, which cannot be imported here: {error}"
+        ) from error
+    if not isinstance(found, Task):
+        raise TaskResultDoesNotExist(f"run {run_id!r}: {path!r} is not a task")
+    run_after = input.get("run_after")
+    return found.using(
+        queue_name=input.get("queue_name"),
+        run_after=datetime.datetime.fromisoformat(run_after) if run_after else None,
+    )
+
+
+def read_result(engine: Engine, result_id: str) -> TaskResult[..., Any]:
+    """The ``TaskResult`` of the task run ``result_id``, read from the store, or
+    ``TaskResultDoesNotExist``."""
+    try:
+        run = engine.get_run(result_id)
+    except (RunNotFound, ValueError):
+        raise TaskResultDoesNotExist(result_id) from None
+    if run.workflow != WORKFLOW:
+        raise TaskResultDoesNotExist(f"run {result_id!r} is not a task (it is {run.workflow!r})")
+    return result_of_run(engine, run)
+
+
+def result_of_run(engine: Engine, run: RunRecord) -> TaskResult[..., Any]:
+    """``run`` as a ``TaskResult``, with what its recorded steps say of the task's start."""
+    steps = engine.store.get_steps(run.run_id) if run.status != RunStatus.PENDING else []
+    started = _step_result(steps, STARTED_STEP)
+    status = _status(run, started is not None)
+    result = task_result(
+        load_task(run.run_id, run.input),
+        run.run_id,
+        status,
+        run.input,
+        enqueued_at=run.created_at,
+        started=started,
+        finished_at=run.finished_at if status in _FINISHED else None,
+        errors=_errors(run) if status == TaskResultStatus.FAILED else [],
+    )
+    if status == TaskResultStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", run.output)
+    return result
+
+
+_FINISHED = (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+
+
+def _status(run: RunRecord, started: bool) -> TaskResultStatus:
+    if run.status == RunStatus.COMPLETED:
+        return TaskResultStatus.SUCCESSFUL
+    if run.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+        return TaskResultStatus.FAILED
+    if run.status == RunStatus.RUNNING and started:
+        return TaskResultStatus.RUNNING
+    # Waiting for a worker, for run_after, or to be handed on: ready to be executed.
+    return TaskResultStatus.READY
+
+
+def _step_result(steps: list[StepRecord], name: str) -> Any:
+    for step in steps:
+        if step.name == name and step.error is None:
+            return step.result
+    return None
+
+
+def _errors(run: RunRecord) -> list[TaskError]:
+    error = run.error if isinstance(run.error, dict) else {}
+    kind = str(error.get("type", ""))
+    if run.status == RunStatus.CANCELLED or "." not in kind:
+        kind = CANCELLED_ERROR
+    return [
+        TaskError(
+            exception_class_path=kind,
+            traceback=str(error.get("traceback") or error.get("message") or ""),
+        )
+    ]
+
+
+def task_result(
+    task: Task[..., Any],
+    run_id: str,
+    status: TaskResultStatus,
+    input: dict[str, Any],
+    *,
+    enqueued_at: datetime.datetime | None,
+    started: dict[str, str] | None,
+    finished_at: datetime.datetime | None = None,
+    errors: list[TaskError] | None = None,
+) -> TaskResult[..., Any]:
+    """A ``TaskResult`` from what a run holds."""
+    started_at = datetime.datetime.fromisoformat(started["at"]) if started else None
+    return TaskResult(
+        task=task,
+        id=run_id,
+        status=status,
+        enqueued_at=enqueued_at,
+        started_at=started_at,
+        finished_at=finished_at,
+        last_attempted_at=started_at,
+        args=input["args"],
+        kwargs=input["kwargs"],
+        backend=input["backend"],
+        errors=errors or [],
+        worker_ids=[started["worker"]] if started else [],
+    )
+
+
+# signals ------------------------------------------------------------------------------
+
+
+def send(signal: Signal, input: dict[str, Any], **arguments: Any) -> None:
+    """Send one of Django's task signals, from the class of the run's backend (``None``
+    when this process has no backend of that alias); a receiver that raises is logged,
+    and changes nothing of the run."""
+    try:
+        sender: Any = type(task_backends[input["backend"]])
+    except InvalidTaskBackend:
+        sender = None
+    for receiver, outcome in signal.send_robust(sender, **arguments):
+        if isinstance(outcome, Exception):
+            logger.error("receiver %r of a django.tasks signal raised", receiver, exc_info=outcome)
+
+
+def _finished(sender: Any, engine: Engine, run_id: str, workflow: str, **kwargs: Any) -> None:
+    """``run_finished`` of a task's run sends ``task_finished`` with its result."""
+    if workflow != WORKFLOW:
+        return
+    try:
+        result = read_result(engine, run_id)
+    except Exception:
+        logger.exception("task run %r ended, but its result cannot be read", run_id)
+        return
+    send(task_finished, {"backend": result.backend}, task_result=result)
+
+
+run_finished.connect(_finished, dispatch_uid="durable_django.task_runs.finished")
+
+
+__all__ = [
+    "CALL_STEP",
+    "STARTED_STEP",
+    "VERSION",
+    "WORKFLOW",
+    "call_task",
+    "load_task",
+    "read_result",
+    "register",
+    "result_of_run",
+    "run_task",
+    "task_result",
+]

@@ -1,0 +1,346 @@
+"""Django's tasks framework (Django >= 6.0) on the durable task backend, in this process:
+tasks enqueued through Django's public API (``@task``, ``enqueue``, ``get_result``,
+``TaskResult.refresh``), their runs executed with ``run_until_idle``. The worker tests,
+with a real Celery worker, are in tests/test_django_tasks_worker.py.
+
+Skipped only on a Django without ``django.tasks`` (tests/test_tasks_backend.py covers
+that one); the newest-Python job of scripts/test runs them on Django 6.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("django.tasks", reason="Django before 6.0 has no tasks framework")
+
+import django
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from django.tasks import TaskResultStatus, default_task_backend, task, task_backends
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.utils import timezone
+
+from durable_django import ConcurrencyLimitError, UnstorableValueError
+from durable_django import engine as default_engine
+from durable_django.task_runs import WORKFLOW
+from durable_django.tasks_backend import DurableTaskBackend
+from durable_django.testing import run_until_idle
+
+from . import django_task_functions as tasks
+
+pytestmark = pytest.mark.django_db
+
+
+class Rollback(Exception):
+    """Raised to roll an ``atomic`` block back."""
+
+
+def task_runs() -> int:
+    """How many task runs there are."""
+    return len(default_engine.list_runs(workflow=WORKFLOW))
+
+
+@pytest.fixture
+def signals() -> Iterator[list[tuple[str, str, str]]]:
+    """The task signals sent in this process: (signal, task result id, status)."""
+    seen: list[tuple[str, str, str]] = []
+    receivers = {}
+    for name, signal in (
+        ("enqueued", task_enqueued),
+        ("started", task_started),
+        ("finished", task_finished),
+    ):
+
+        def receiver(sender: Any, task_result: Any, _name: str = name, **kwargs: Any) -> None:
+            assert sender is DurableTaskBackend
+            seen.append((_name, task_result.id, str(task_result.status)))
+
+        receivers[name] = receiver
+        signal.connect(receiver)
+    yield seen
+    task_enqueued.disconnect(receivers["enqueued"])
+    task_started.disconnect(receivers["started"])
+    task_finished.disconnect(receivers["finished"])
+
+
+def test_the_backend_says_what_it_supports() -> None:
+    backend = task_backends["default"]
+    assert isinstance(backend, DurableTaskBackend)
+    assert (
+        backend.supports_defer,
+        backend.supports_async_task,
+        backend.supports_get_result,
+        backend.supports_priority,
+    ) == (True, True, True, False)
+
+
+@pytest.mark.django_db(transaction=True)  # the signals are sent on commit
+def test_an_enqueued_task_runs_and_its_result_is_read_back(signals: list[Any]) -> None:
+    before = timezone.now()
+    result = tasks.add.enqueue(2, b=3)
+
+    assert result.status == TaskResultStatus.READY
+    assert result.args == [2] and result.kwargs == {"b": 3} and result.backend == "default"
+    assert result.enqueued_at is not None and result.enqueued_at >= before
+    assert (result.started_at, result.finished_at, result.worker_ids) == (None, None, [])
+    assert default_engine.get_run(result.id).workflow == WORKFLOW
+    with pytest.raises(ValueError, match="not finished"):
+        _ = result.return_value
+
+    run_until_idle()
+
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.errors == []
+    assert result.enqueued_at <= result.started_at <= result.finished_at
+    assert result.last_attempted_at == result.started_at
+    assert len(result.worker_ids) == 1 and result.attempts == 1
+    again = tasks.add.get_result(result.id)
+    assert (again.id, again.status, again.return_value) == (result.id, "SUCCESSFUL", 5)
+    assert again.task.func is tasks.add.func
+    assert signals == [
+        ("enqueued", result.id, "READY"),
+        ("started", result.id, "RUNNING"),
+        ("finished", result.id, "SUCCESSFUL"),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_task_ends_failed_with_its_error(signals: list[Any]) -> None:
+    result = tasks.fail.enqueue("no data for March")
+    run_until_idle()
+    result.refresh()
+
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "tests.django_task_functions.ReportFailed"
+    assert error.exception_class is tasks.ReportFailed
+    assert "ReportFailed: no data for March" in error.traceback
+    assert result.finished_at is not None
+    with pytest.raises(ValueError, match="failed"):
+        _ = result.return_value
+    assert signals[-1] == ("finished", result.id, "FAILED")
+
+
+def test_async_and_context_tasks_run() -> None:
+    doubled = tasks.double.enqueue(21)
+    who = tasks.whoami.enqueue("me")
+    run_until_idle()
+    doubled.refresh()
+    who.refresh()
+
+    assert (doubled.status, doubled.return_value) == ("SUCCESSFUL", 42)
+    assert who.return_value == {"id": who.id, "label": "me", "attempt": 1}
+
+
+def test_run_after_waits_on_a_durable_timer() -> None:
+    later = timezone.now() + datetime.timedelta(seconds=1)
+    result = tasks.add.using(run_after=later).enqueue(1, 1)
+    assert result.task.run_after == later
+
+    run_until_idle()
+    result.refresh()
+    assert result.status == TaskResultStatus.READY  # suspended until run_after
+    assert result.started_at is None
+    run = default_engine.get_run(result.id)
+    assert run.status == "suspended" and run.wake_at is not None and run.wake_at >= later
+
+    time.sleep(max(0.0, (later - timezone.now()).total_seconds()) + 0.05)
+    default_engine.tick()  # what beat does: wakes the due timer
+    run_until_idle()
+    result.refresh()
+    assert (result.status, result.return_value) == ("SUCCESSFUL", 2)
+    assert result.started_at >= later
+    assert tasks.add.get_result(result.id).task.run_after == later
+
+
+def test_a_quota_per_task_refuses_and_creates_nothing(tmp_path: Any) -> None:
+    gate, key = str(tmp_path / "gate"), uuid.uuid4().hex
+    admitted = [tasks.gated.enqueue(gate, key, n) for n in range(2)]
+    runs = task_runs()
+
+    with pytest.raises(ConcurrencyLimitError) as refused:
+        tasks.gated.enqueue(gate, key, 99)
+
+    assert (refused.value.workflow, refused.value.key, refused.value.limit) == (
+        WORKFLOW,
+        f"gated:{key}",
+        2,
+    )
+    assert task_runs() == runs
+    tasks.gated.enqueue(gate, uuid.uuid4().hex)  # another key has room
+    tasks.gated.enqueue(gate, "free")  # a key function answering None: no quota
+    (tmp_path / "gate").touch()
+    run_until_idle()
+    for result in admitted:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    tasks.gated.enqueue(gate, key, 3)  # the slots freed
+
+
+def test_a_key_function_that_raises_refuses_the_enqueue() -> None:
+    runs = task_runs()
+    with pytest.raises(ValueError, match=r"keyed_badly.*LookupError: no tenant"):
+        tasks.keyed_badly.enqueue(1)
+    assert task_runs() == runs
+
+
+@pytest.mark.skipif(django.VERSION[:2] < (6, 1), reason="@task passes options from 6.1")
+def test_a_task_declares_its_own_quota(tmp_path: Any) -> None:
+    gate = str(tmp_path / "gate")
+    first = tasks.own_quota.enqueue(gate)
+    with pytest.raises(ConcurrencyLimitError) as refused:
+        tasks.own_quota.enqueue(gate)
+    assert (refused.value.key, refused.value.limit) == ("own-quota", 1)
+    (tmp_path / "gate").touch()
+    run_until_idle()
+    first.refresh()
+    assert first.return_value == "done"
+
+
+def test_arguments_must_be_json() -> None:
+    runs = task_runs()
+    with pytest.raises(UnstorableValueError, match=r"arguments of task 'tests\.django_task_fu"):
+        tasks.add.enqueue(object(), 1)
+    with pytest.raises(UnstorableValueError, match="keyword arguments"):
+        tasks.add.enqueue(1, b={1, 2})
+    assert task_runs() == runs
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_in_a_rolled_back_transaction_leaves_nothing(signals: list[Any]) -> None:
+    with pytest.raises(Rollback), transaction.atomic():
+        result = tasks.add.enqueue(1, 2)
+        assert default_engine.get_run(result.id).workflow == WORKFLOW  # in the transaction
+        raise Rollback
+
+    assert signals == []
+    with pytest.raises(TaskResultDoesNotExist):
+        default_task_backend.get_result(result.id)
+    with transaction.atomic():
+        kept = tasks.add.enqueue(1, 2)
+        assert signals == []  # sent on commit
+    assert signals == [("enqueued", kept.id, "READY")]
+
+
+def test_get_result_of_an_unknown_id_or_another_run() -> None:
+    with pytest.raises(TaskResultDoesNotExist):
+        default_task_backend.get_result("no-such-run")
+    default_engine.register("tests.not_a_task", "1", lambda ctx, input: None)
+    try:
+        other = default_engine.start("tests.not_a_task")
+        with pytest.raises(TaskResultDoesNotExist, match="not a task"):
+            default_task_backend.get_result(other.run_id)
+    finally:
+        default_engine.registry.remove("tests.not_a_task")
+
+
+def test_priority_is_refused() -> None:
+    with pytest.raises(InvalidTask, match="priority"):
+        task(priority=10)(tasks.add.func)
+    with pytest.raises(InvalidTask, match="priority"):
+        tasks.add.using(priority=-5)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"unknown": 1}, r"TASKS\['x'\]\['OPTIONS'\]: unknown option\(s\) \['unknown'\]"),
+        ({"concurrency": []}, r"\['concurrency'\] must be a dict"),
+        ({"concurrency": {"send": {}}}, r"keyed by the dotted path.*'send'"),
+        (
+            {"concurrency": {"app.tasks.send": {"limit": 2}}},
+            r"\['concurrency'\]\['app.tasks.send'\]: give one of 'key'",
+        ),
+        (
+            {"concurrency": {"app.tasks.send": {"key": "k", "limit": "2"}}},
+            r"\['app.tasks.send'\]: 'limit' must be an int",
+        ),
+        (
+            {"concurrency": {"app.tasks.send": {"key": "k", "limit": True}}},
+            r"'limit' must be an int, not bool",
+        ),
+        (
+            {"concurrency": {"app.tasks.send": {"key_function": "nodots", "limit": 2}}},
+            r"'key_function' must be a callable or its dotted path",
+        ),
+        (
+            {"concurrency": {"app.tasks.send": {"key": "k", "limit": 2, "wait": 5}}},
+            r"unknown concurrency option\(s\) \['wait'\]",
+        ),
+        (
+            {
+                "concurrency": {
+                    "app.tasks.send": {"key": "k", "limit": 2, "count_statuses": ["done"]}
+                }
+            },
+            r"\['app.tasks.send'\]: unknown status",
+        ),
+    ],
+)
+def test_bad_options_are_refused_naming_the_entry(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match=message):
+        DurableTaskBackend("x", {"OPTIONS": options})
+
+
+def test_queues_are_refused() -> None:
+    with pytest.raises(ImproperlyConfigured, match="does not route by queue_name"):
+        DurableTaskBackend("x", {"QUEUES": ["default", "emails"]})
+
+
+def test_the_check_imports_the_configured_tasks_and_key_functions() -> None:
+    backend = DurableTaskBackend(
+        "x",
+        {
+            "OPTIONS": {
+                "concurrency": {
+                    "tests.django_task_functions.add": {"key": "k", "limit": 1},
+                    "tests.django_task_functions.gate_key": {"key": "k", "limit": 1},
+                    "tests.django_task_functions.gated": {
+                        "key_function": "tests.django_task_functions.missing",
+                        "limit": 1,
+                    },
+                }
+            }
+        },
+    )
+    messages = backend.check()
+    assert [m.id for m in messages] == ["durable_django.E005", "durable_django.E005"]
+    assert "'tests.django_task_functions.gate_key' is not a task" in messages[0].msg
+    assert "'tests.django_task_functions.missing' cannot be imported" in messages[1].msg
+
+
+def test_a_task_not_found_at_its_module_path_is_refused() -> None:
+    stray = task(tasks.gate_key)  # tests.django_task_functions.gate_key is not this task
+    runs = task_runs()
+    with pytest.raises(InvalidTask, match=r"cannot be found at its module path"):
+        stray.enqueue("gate", "key")
+    assert task_runs() == runs
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_task_is_failed(signals: list[Any]) -> None:
+    result = tasks.add.enqueue(1, 1)
+    assert default_engine.cancel(result.id)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "durable_django.errors.RunFailed"
+    assert signals[-1] == ("finished", result.id, "FAILED")
+
+
+def test_the_async_api_enqueues_and_reads() -> None:
+    from asgiref.sync import async_to_sync
+
+    result = async_to_sync(tasks.add.aenqueue)(4, b=5)
+    run_until_idle()
+    read = async_to_sync(tasks.add.aget_result)(result.id)
+    assert (read.status, read.return_value) == ("SUCCESSFUL", 9)

@@ -1,0 +1,52 @@
+"""``durable_django.tasks_backend`` on every supported Django: it imports, and on a Django
+without ``django.tasks`` (before 6.0) it refuses clearly and the checks warn."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import django
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from durable_django import tasks_backend
+from durable_django.checks import check_tasks_backend
+from durable_django.tasks_backend import BACKEND_PATH, DurableTaskBackend
+
+HAS_TASKS = importlib.util.find_spec("django.tasks") is not None
+CONFIGURED = {"default": {"BACKEND": BACKEND_PATH}}
+
+
+def test_the_module_knows_whether_this_django_has_the_tasks_framework() -> None:
+    assert tasks_backend.TASKS_AVAILABLE is HAS_TASKS
+    assert (django.VERSION[:2] >= (6, 0)) is HAS_TASKS
+
+
+@pytest.mark.skipif(HAS_TASKS, reason="this Django has django.tasks")
+def test_without_django_tasks_the_backend_refuses_to_be_built() -> None:
+    with pytest.raises(ImproperlyConfigured) as refused:
+        DurableTaskBackend("default", {"OPTIONS": {}})
+    message = str(refused.value)
+    assert "needs Django 6.0 or later (django.tasks)" in message
+    assert f"this is Django {django.get_version()}" in message
+    with pytest.raises(ImproperlyConfigured, match=r"needs Django 6\.0"):
+        tasks_backend.DurableTask(func=print)
+
+
+@pytest.mark.skipif(HAS_TASKS, reason="this Django has django.tasks")
+def test_without_django_tasks_a_configured_backend_earns_a_warning() -> None:
+    with override_settings(TASKS=CONFIGURED):
+        assert tasks_backend.configured_aliases() == ["default"]
+        assert tasks_backend.register_configured() is False
+        [warning] = check_tasks_backend()
+    assert warning.id == "durable_django.W007"
+    assert "TASKS['default']" in warning.msg and "needs Django 6.0" in warning.msg
+    assert check_tasks_backend() == []
+
+
+@pytest.mark.skipif(not HAS_TASKS, reason="Django before 6.0 has no tasks framework")
+def test_with_django_tasks_there_is_no_warning() -> None:
+    with override_settings(TASKS=CONFIGURED):
+        assert tasks_backend.configured_aliases() == ["default"]
+        assert check_tasks_backend() == []
