@@ -22,7 +22,17 @@ from django.db import connection
 from durable_django.models import Run, RunTag
 
 from .hammer import PATIENCE
-from .hammer_batches import PER_KEY, BatchOutcome, make_engines, process_main, run_threads
+from .hammer_batches import (
+    MIXED_LIMIT,
+    PER_KEY,
+    BatchOutcome,
+    make_engines,
+    mixed_keys,
+    mixed_plan,
+    process_main,
+    run_mixed_threads,
+    run_threads,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -122,3 +132,56 @@ def test_processes_starting_batches_in_different_key_orders() -> None:
                 child.kill()
 
     assert_batches(outcomes, trials, starters)
+
+
+MIXED_TRIALS = 8
+MIXED_THREADS = 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batches_and_single_starts_under_overlapping_weighted_quota_lists() -> None:
+    # Half the starters start batches whose elements each name one to three weighted
+    # quotas, the other half single starts under such lists, every list in an order of
+    # its own (on PostgreSQL on the fast and the portable path in turn): no deadlock, no
+    # key over its limit in units, every refusal right, every run under its plan's tags.
+    engines = make_engines(LIMIT)
+    prefix = uuid.uuid4().hex[:10]
+    barrier = threading.Barrier(MIXED_THREADS)
+
+    outcomes = run_mixed_threads(engines, prefix, MIXED_TRIALS, MIXED_THREADS, barrier, PATIENCE)
+
+    errors = [o for o in outcomes if o.error]
+    assert not errors, "\n\n".join(f"{o.starter} (trial {o.trial}):\n{o.error}" for o in errors)
+    assert len(outcomes) == MIXED_TRIALS * MIXED_THREADS
+    plans = {
+        input["id"]: {key: weight for key, weight in input["quotas"]}
+        for trial in range(MIXED_TRIALS)
+        for index in range(MIXED_THREADS)
+        for input in mixed_plan(prefix, trial, index)
+    }
+    created = {run_id for outcome in outcomes for run_id in outcome.runs}
+    refused = {
+        run_id: (key, limit, active)
+        for outcome in outcomes
+        for run_id, key, limit, active in outcome.refused_runs
+    }
+    assert created | set(refused) == set(plans) and not created & set(refused)
+    units: Counter[str] = Counter()
+    tags = RunTag.objects.filter(tag__startswith=f"concurrency:mixed:{prefix}")
+    for run_id, tag, weight in tags.values_list("run_id", "tag", "weight"):
+        key = tag.removeprefix("concurrency:")
+        assert plans[run_id].get(key) == weight, (run_id, key, weight)
+        units[key] += weight
+    assert set(Run.objects.values_list("id", flat=True)) == created
+    for run_id in created:
+        held = set(RunTag.objects.filter(run_id=run_id).values_list("tag", flat=True))
+        assert held == {f"concurrency:{key}" for key in plans[run_id]}, run_id
+    keys = [key for trial in range(MIXED_TRIALS) for key in mixed_keys(prefix, trial)]
+    assert all(units[key] <= MIXED_LIMIT for key in keys), units
+    for run_id, (key, limit, active) in refused.items():
+        # Runs never end here: a key's units only grow, so a refusal right when it was
+        # made is still right against the final units.
+        weight = plans[run_id][key]
+        assert limit == MIXED_LIMIT and active + weight > limit, (run_id, key, active)
+        assert units[key] + weight > limit, (run_id, key, units[key])
+    assert refused, "the hammer refused nothing: the keys were never contended"
