@@ -74,6 +74,87 @@ def test_a_per_start_quota_applies_to_every_element(engine: Engine):
     assert run.tags == ["bulk", "concurrency:campaign"]
 
 
+def test_a_batch_under_several_weighted_quotas_admits_each_element_in_order(engine: Engine):
+    # Two quotas per element: the tenant's (4 units, the input's weight) and the
+    # region's (3 runs). An element starts only when both admit it, counting the
+    # batch's earlier elements; a refused one takes no unit of either key.
+    engine.register(
+        "chat.turn",
+        "1",
+        echo,
+        concurrency=[
+            {"key": lambda i: f"tenant:{i['tenant']}", "limit": 4, "weight": lambda i: i["w"]},
+            {"key": lambda i: f"region:{i['region']}", "limit": 3},
+        ],
+    )
+    elements = [
+        {"tenant": "a", "region": "eu", "w": 2},  # a 2/4, eu 1/3
+        {"tenant": "a", "region": "us", "w": 3},  # a would be 5/4: refused by the tenant
+        {"tenant": "b", "region": "eu", "w": 1},  # b 1/4, eu 2/3
+        {"tenant": "a", "region": "eu", "w": 2},  # a 4/4, eu 3/3
+        {"tenant": "b", "region": "eu", "w": 1},  # eu full: refused by the region
+        {"tenant": "b", "region": "us", "w": 3},  # b 4/4, us 1/3
+        {"tenant": "a", "region": "us", "w": 1},  # a full: refused by the tenant
+    ]
+    batch = engine.start_many("chat.turn", elements)
+    assert [(i, e.key, e.limit, e.active) for i, e in batch.refused] == [
+        (1, "tenant:a", 4, 2),
+        (4, "region:eu", 3, 3),
+        (6, "tenant:a", 4, 4),
+    ]
+    assert [engine.get_run(h.run_id).input for h in batch.started] == [
+        elements[i] for i in (0, 2, 3, 5)
+    ]
+    usage = {(u.key, u.active) for u in engine.quota_usage()}
+    assert usage >= {("tenant:a", 4), ("tenant:b", 4), ("region:eu", 3), ("region:us", 1)}
+    run = engine.get_run(batch.started[0].run_id)
+    assert set(run.tags) == {"concurrency:region:eu", "concurrency:tenant:a"}
+    assert run.weights == {"concurrency:tenant:a": 2}
+    # A per-start list applies to every element, as a single start's does.
+    more = engine.start_many(
+        "chat.turn",
+        elements[:3],
+        concurrency=[{"key": "campaign", "limit": 5, "weight": 2}, {"key": "eu", "limit": 9}],
+    )
+    assert [(i, e.key, e.active) for i, e in more.refused] == [(2, "campaign", 4)]
+
+
+def test_refusals_are_explained_once_the_batch_has_ended(engine: Engine):
+    engine.register(
+        "chat.turn",
+        "1",
+        echo,
+        concurrency=[TENANT, {"key": lambda i: f"site:{i['site']}", "limit": 1}],
+    )
+    explained: list[tuple[str, float, bool]] = []
+
+    def on_refused(sender, error, **kwargs):
+        explained.append((error.key, error.retry_after, error.estimate is not None))
+
+    run_refused.connect(on_refused)
+    try:
+        batch = engine.start_many(
+            "chat.turn", [{"tenant": "acme", "site": s} for s in "aabbcdefghijk"]
+        )
+    finally:
+        run_refused.disconnect(on_refused)
+    assert len(batch.started) == 8
+    errors = [error for _, error in batch.refused]
+    assert [e.key for e in errors] == [
+        "site:a",
+        "site:b",
+        "tenant:acme",
+        "tenant:acme",
+        "tenant:acme",
+    ]
+    assert all(error.retry_after >= 1 and error.engine is engine for error in errors)
+    assert explained == [(e.key, e.retry_after, True) for e in errors]
+    # One estimate per key: the refusals of one key share it, read once.
+    assert errors[2].estimate is errors[3].estimate is errors[4].estimate
+    assert errors[0].estimate is not errors[1].estimate is not errors[2].estimate
+    assert {run.run_id for run in errors[2].holders()} == {h.run_id for h in batch.started}
+
+
 def test_an_empty_batch_starts_nothing(engine: Engine):
     engine.register("chat.turn", "1", echo, concurrency=TENANT)
     assert engine.start_many("chat.turn", []) == BatchStart([], [], [])
@@ -268,7 +349,7 @@ def test_the_batchs_messages_are_one_callback_on_commit(db, django_capture_on_co
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         batch = engine.start_many("chat.turn", inputs(5))
     assert (len(batch.started), len(batch.refused)) == (3, 2)
-    assert len(callbacks) == 1  # send_runs with the three run ids; no run_started listener
+    assert len(callbacks) == 1  # one publish_runs of the three; no run_started listener
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         engine.start_many("chat.turn", inputs(2))  # all refused: nothing to send
     assert callbacks == []
