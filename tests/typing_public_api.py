@@ -27,6 +27,7 @@ from durable_django import (
     Workflow,
     workflow,
 )
+from durable_django.concurrency import Quota
 
 # Every name the reference documents, imported from where it says: each must be exported
 # explicitly there (mypy --strict refuses a name a module merely imports).
@@ -142,6 +143,14 @@ def starts(engine: Engine) -> None:
     assert_type(batch.handles, list[RunHandle | None])
     assert_type(Report.dispatch_many([None], concurrency={"key": "k", "limit": 2}), BatchStart)
     assert_type(engine.start_many("typing.total", [{"a": 1}], namespace="n"), BatchStart)
+    several = [{"key": "k", "limit": 4, "weight": 2}, {"key": "j", "limit": 3}]
+    assert_type(Report.dispatch_many([None, None], concurrency=several), BatchStart)
+    new = NewRun("r", "typing.total", "1", "default", {"a": 1}, (), "")
+    two = [Quota("k", 2, ("pending",), weight=2), Quota("j", 1, ("pending",))]
+    for outcome in engine.store.start_runs(
+        [StartRequest(new, two, check_existing=False)], read_namespace=None
+    ):
+        assert_type(outcome, StartOutcome | ConcurrencyLimitError)
     try:
         total.start({"a": 1}, timeout=5.0)
     except ConcurrencyLimitError as error:
