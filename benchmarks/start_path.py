@@ -1,11 +1,15 @@
 """What a start costs: the plain start, the quota-checked start, the quota-checked
 start on a key with a long finished history, a start under three quotas and a weighted
 start, side by side, against a plain view's insert and ``.delay()`` (on a kept and on a
-new connection) and Procrastinate's ``defer``.
+new connection) and Procrastinate's ``defer``; then batches of starts (``dispatch_many``)
+against Procrastinate's ``batch_defer``.
 
 Run from the repository root::
 
     .venv/bin/python benchmarks/start_path.py [--starts 2000] [--history 1000000]
+    .venv/bin/python benchmarks/start_path.py --batches-only [--batch-size 100]
+
+The batch section needs the ``bench`` extra (Procrastinate); without it, it is skipped.
 
 It (re)creates the PostgreSQL database ``durable_bench`` (``--database``), migrates it,
 gives one quota key ``--history`` completed runs (inserted with ``generate_series``, then
@@ -37,11 +41,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+
+if TYPE_CHECKING:
+    from benchmarks.procrastinate_app import ProcrastinateBench
 
 QUEUE = "durable_bench"
 INPUT_SMALL = {"tenant": "small", "message": "hello"}
@@ -95,7 +103,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--procrastinate-database",
         default="durable_bench_procrastinate",
-        help="PostgreSQL database of the Procrastinate row, made anew ('' to leave it out)",
+        help="PostgreSQL database of the Procrastinate rows, made anew ('' to leave them out)",
+    )
+    parser.add_argument("--batch-size", type=int, default=100, help="runs per batch")
+    parser.add_argument("--batches", type=int, default=60, help="batches per batch variant")
+    parser.add_argument(
+        "--batches-only", action="store_true", help="measure the batches alone (no history)"
     )
     return parser.parse_args()
 
@@ -270,31 +283,124 @@ def explain_count(history: int, start: Callable[[], object]) -> str:
     return "\n".join(out)
 
 
-def procrastinate_defer(database: str) -> tuple[Callable[[], object], Callable[[], None]]:
-    """A synchronous ``defer`` of a Procrastinate task with the same input, through its
-    ``SyncPsycopgConnector`` (a psycopg pool of one kept connection), its schema applied
-    to ``database``, made anew. Returns the start and what closes the app."""
-    import procrastinate
+def open_procrastinate(database: str) -> ProcrastinateBench | None:
+    """The Procrastinate app of the ``defer`` and ``batch_defer`` rows, on ``database``
+    made anew (:func:`benchmarks.procrastinate_app.procrastinate_app`); ``None`` when
+    ``database`` is '' or Procrastinate is not installed (the ``bench`` extra)."""
+    if not database:
+        return None
+    try:
+        from benchmarks.procrastinate_app import procrastinate_app
 
-    from benchmarks.database import recreate_database
-
-    recreate_database(database)
-    conninfo = " ".join(
-        f"{key}={os.environ.get(f'DURABLE_BENCH_{key.upper()}', default)}"
-        for key, default in (("host", "127.0.0.1"), ("port", "5432"), ("user", "postgres"))
-    )
-    connector = procrastinate.SyncPsycopgConnector(
-        conninfo=f"{conninfo} dbname={database}", min_size=1, max_size=1
-    )
-    app = procrastinate.App(connector=connector)
-    app.open()
-    app.schema_manager.apply_schema()
-
-    @app.task(name="bench.defer", queue=QUEUE)
-    def bench_task(tenant: str, message: str) -> None:  # never executed here
+        return procrastinate_app(database)
+    except ImportError:
+        print("Procrastinate rows skipped: Procrastinate is not installed (the bench extra)")
         return None
 
-    return lambda: bench_task.defer(**INPUT_SMALL), app.close
+
+def measure_batches(
+    args: argparse.Namespace,
+    fast,
+    portable,
+    fast_no_publish,
+    bench: ProcrastinateBench | None,
+) -> None:
+    """Batches of ``--batch-size`` starts under one quota key: ``dispatch_many`` (one call
+    of ``durable_start_runs_v1``, the messages sent together on commit) against
+    Procrastinate's ``batch_defer`` (one INSERT of the jobs, in a database of its own),
+    and against as many single starts. Measured in rounds like the starts; the ratio is the
+    median of the per-round ratios of runs per second."""
+    if bench is None:
+        print("batches skipped: no Procrastinate app (the bench extra, --procrastinate-database)")
+        return
+    size = args.batch_size
+    inputs = [{**INPUT_SMALL, "n": n} for n in range(size)]
+
+    def loop() -> None:
+        for input in inputs:
+            fast.start("bench.quota", input)
+
+    variants = {
+        "dm": Variant("dispatch_many, quota", lambda: fast.start_many("bench.quota", inputs)),
+        "pt": Variant(
+            "   portable: dispatch_many", lambda: portable.start_many("bench.quota", inputs)
+        ),
+        "np": Variant(
+            "   no publish: dispatch_many",
+            lambda: fast_no_publish.start_many("bench.quota", inputs),
+        ),
+        "loop": Variant(f"   {size} x start, quota", loop),
+        "proc": Variant("Procrastinate batch_defer", lambda: bench.task.batch_defer(*inputs)),
+    }
+    for variant in variants.values():
+        for _ in range(3):
+            variant.start()
+    complete_quota_runs()
+    trips = {n: count_round_trips(v.start) for n, v in variants.items() if n != "proc"}
+    complete_quota_runs()
+    names = list(variants)
+    per_round = 3
+    rounds = max(1, -(-args.batches // per_round))
+    print(
+        f"measuring {len(names)} batch variants x {rounds} rounds x {per_round} batches "
+        f"of {size} ...",
+        flush=True,
+    )
+    clock = time.perf_counter_ns
+    for number in range(rounds):
+        shift = number % len(names)
+        for name in names[shift:] + names[:shift]:
+            variant = variants[name]
+            times = []
+            gc.collect()
+            gc.disable()
+            try:
+                for _ in range(per_round):
+                    t0 = clock()
+                    variant.start()
+                    times.append((clock() - t0) / 1000)
+            finally:
+                gc.enable()
+            variant.samples += times
+            variant.rounds.append(statistics.median(times))
+        complete_quota_runs()
+    jobs = bench.job_count()
+
+    print()
+    print(f"batches of {size} runs; {rounds} rounds x {per_round} batches per variant")
+    print()
+    header = (
+        f"| {'variant':<30} | {'runs/s':>7} | {'ms/batch':>8} | {'median ms':>9} "
+        f"| {'PG trips':>8} | {'Redis trips':>11} |"
+    )
+    print(header)
+    print("| " + " | ".join("-" * (len(c) - 2) for c in header.split("|")[1:-1]) + " |")
+    for name, variant in variants.items():
+        mean = statistics.fmean(variant.samples)
+        pg, rd = trips.get(name, ("n/a", "n/a"))
+        print(
+            f"| {variant.label:<30} | {size * 1e6 / mean:>7.0f} | {mean / 1000:>8.2f} "
+            f"| {statistics.median(variant.samples) / 1000:>9.2f} | {pg:>8} | {rd:>11} |"
+        )
+    print()
+    for top, bottom, goal in (("dm", "proc", 1.0), ("np", "proc", None), ("dm", "loop", None)):
+        # runs per second of top over bottom: bottom's time over top's, round by round
+        per_round_ratios = [
+            b / t for t, b in zip(variants[top].rounds, variants[bottom].rounds, strict=True)
+        ]
+        med = statistics.median(per_round_ratios)
+        lo, _, hi = (
+            statistics.quantiles(per_round_ratios, n=4)
+            if len(per_round_ratios) > 1
+            else (med, med, med)
+        )
+        verdict = f"  goal >= {goal}x: {'met' if med >= goal else 'MISSED'}" if goal else ""
+        print(
+            f"runs/s {variants[top].label.strip()} / {variants[bottom].label.strip()} = "
+            f"{med:.2f}x  (per-round IQR {lo:.2f}-{hi:.2f}){verdict}"
+        )
+    print(f"({jobs:,} Procrastinate jobs in {bench.database!r})")
+    print()
 
 
 def main() -> None:
@@ -339,13 +445,14 @@ def main() -> None:
             )
 
     call_command("migrate", verbosity=0)
-    began = time.perf_counter()
-    insert_history(args.history)
-    print(
-        f"history: {args.history:,} completed runs under {HISTORY_TAG!r} "
-        f"ready in {time.perf_counter() - began:.1f} s",
-        flush=True,
-    )
+    if not args.batches_only:
+        began = time.perf_counter()
+        insert_history(args.history)
+        print(
+            f"history: {args.history:,} completed runs under {HISTORY_TAG!r} "
+            f"ready in {time.perf_counter() - began:.1f} s",
+            flush=True,
+        )
     complete_quota_runs()
     purged = purge_queue(app)
 
@@ -506,10 +613,21 @@ def main() -> None:
             lambda: fast_no_publish.start("bench.quota", INPUT_HISTORY),
         ),
     }
-    if args.procrastinate_database:
-        defer, close_procrastinate = procrastinate_defer(args.procrastinate_database)
-        closers.append(close_procrastinate)
-        variants["defer"] = Variant("   Procrastinate defer (sync)", defer)
+    bench = open_procrastinate(args.procrastinate_database)
+    if bench is not None:
+        closers.append(bench.close)
+    if args.batches_only:
+        measure_batches(args, fast, portable, fast_no_publish, bench)
+        purged += purge_queue(app)
+        for close in closers:
+            close()
+        print(f"purged {purged} messages from Redis queue {QUEUE!r}")
+        return
+    if bench is not None:
+        task = bench.task
+        variants["defer"] = Variant(
+            "   Procrastinate defer (sync)", lambda: task.defer(**INPUT_SMALL)
+        )
     if args.history != 1_000_000:
         label = f"{args.history:,}-history"
         variants["c"].label = f"c  start, quota, {label} key"
@@ -638,6 +756,7 @@ def main() -> None:
     print()
     print(explain_count(args.history, variants["c"].start))
     complete_quota_runs()
+    measure_batches(args, fast, portable, fast_no_publish, bench)
     purged += purge_queue(app)
     for close in closers:
         close()

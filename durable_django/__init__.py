@@ -18,12 +18,13 @@ from .errors import (
     WorkflowNotFound,
 )
 from .execution import Context
-from .starting import RunHandle
+from .starting import BatchStart, RunHandle
 from .status import RunStatus
 
 __all__ = [
     "DEFAULT_CONCURRENCY_STATUSES",
     "BaseWorkflow",
+    "BatchStart",
     "ChildWorkflowError",
     "Concurrency",
     "ConcurrencyLimitError",

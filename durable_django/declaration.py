@@ -8,9 +8,10 @@ from typing import Any, ClassVar, Protocol, TypeVar, overload
 
 from .concurrency import ConcurrencyOption
 from .engines import Engine, default_engine
+from .errors import DurableError
 from .execution import Context, current_context
 from .registry import WorkflowDefinition, make_definition
-from .starting import RunHandle
+from .starting import BatchStart, RunHandle
 
 
 class Workflow:
@@ -85,6 +86,49 @@ class Workflow:
             namespace=namespace,
         )
 
+    def dispatch_many(
+        self,
+        inputs: Iterable[Any],
+        *,
+        run_ids: Iterable[str | None] | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> BatchStart:
+        """Start one run per input in one transaction, each under its own quota, in
+        order; see :meth:`Engine.start_many <durable_django.Engine.start_many>`.
+
+        Not inside a running workflow body: start children with ``ctx.start_child``.
+        """
+        _outside_body(self, "dispatch_many")
+        return self.engine.start_many(
+            self.definition,
+            inputs,
+            run_ids=run_ids,
+            concurrency=concurrency,
+            tags=tags,
+            namespace=namespace,
+        )
+
+    async def adispatch_many(
+        self,
+        inputs: Iterable[Any],
+        *,
+        run_ids: Iterable[str | None] | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> BatchStart:
+        """``dispatch_many`` for async views."""
+        return await self.engine.astart_many(
+            self.definition,
+            inputs,
+            run_ids=run_ids,
+            concurrency=concurrency,
+            tags=tags,
+            namespace=namespace,
+        )
+
     def start(
         self,
         input: Any = None,
@@ -135,6 +179,14 @@ def _running_body(declared: Workflow, namespace: str | None) -> Context | None:
     return context
 
 
+def _outside_body(declared: Workflow, method: str) -> None:
+    if current_context.get() is not None:
+        raise DurableError(
+            f"{declared.name}.{method}() cannot be called inside a workflow body: "
+            "start children with ctx.start_child"
+        )
+
+
 class BaseWorkflow:
     """Base class for class-form workflows: implement ``run(self, ctx, input)``.
 
@@ -182,6 +234,36 @@ class BaseWorkflow:
         """See :meth:`Workflow.adispatch`."""
         return await cls._declared().adispatch(
             input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
+        )
+
+    @classmethod
+    def dispatch_many(
+        cls,
+        inputs: Iterable[Any],
+        *,
+        run_ids: Iterable[str | None] | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> BatchStart:
+        """See :meth:`Workflow.dispatch_many`."""
+        return cls._declared().dispatch_many(
+            inputs, run_ids=run_ids, concurrency=concurrency, tags=tags, namespace=namespace
+        )
+
+    @classmethod
+    async def adispatch_many(
+        cls,
+        inputs: Iterable[Any],
+        *,
+        run_ids: Iterable[str | None] | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> BatchStart:
+        """See :meth:`Workflow.adispatch_many`."""
+        return await cls._declared().adispatch_many(
+            inputs, run_ids=run_ids, concurrency=concurrency, tags=tags, namespace=namespace
         )
 
     @classmethod

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +33,8 @@ from .retention import PurgeResult, purge
 from .serialization import check_text, json_copy, validate_text
 from .signals import run_finished
 from .signals import send as send_signal
+from .starting import BatchStart, WorkflowRef
 from .starting import RunHandle as RunHandle  # importable from here too, as before
-from .starting import WorkflowRef
 from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES, RunStatus
 from .stores.base import BaseStore, RunRecord
 from .tick import TickResult as TickResult  # importable from here, as documented
@@ -244,6 +244,58 @@ class Engine:
             self, workflow, input, run_id, concurrency=concurrency, tags=tags, namespace=namespace
         )
 
+    def start_many(
+        self,
+        workflow: WorkflowRef,
+        inputs: Iterable[Any],
+        *,
+        run_ids: Iterable[str | None] | None = None,
+        concurrency: quotas.ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> BatchStart:
+        """Start one run of ``workflow`` per input, in one transaction; returns a
+        :class:`~durable_django.starting.BatchStart`.
+
+        Each run is quota-checked against its own key in the order of ``inputs``, as
+        ``start`` would one after another: a refused one is listed in ``refused`` with its
+        index, and the others still start. ``run_ids`` (one per input, ``None`` for a new
+        id) are idempotency keys as in ``start``. Every input is validated, and every
+        quota resolved, before anything is written: bad input raises, naming its index,
+        and the batch creates nothing. The messages are sent together once the
+        transaction commits.
+        """
+        return starting.start_many(
+            self,
+            workflow,
+            inputs,
+            run_ids=run_ids,
+            concurrency=concurrency,
+            tags=tags,
+            namespace=namespace,
+        )
+
+    async def astart_many(
+        self,
+        workflow: WorkflowRef,
+        inputs: Iterable[Any],
+        *,
+        run_ids: Iterable[str | None] | None = None,
+        concurrency: quotas.ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> BatchStart:
+        """``start_many`` for async code; an async limit function is awaited on the loop."""
+        return await starting.astart_many(
+            self,
+            workflow,
+            inputs,
+            run_ids=run_ids,
+            concurrency=concurrency,
+            tags=tags,
+            namespace=namespace,
+        )
+
     def start_child(
         self,
         parent: RunRecord,
@@ -265,6 +317,14 @@ class Engine:
         config = self.config
         if config.enqueue and config.store.is_shared:
             config.store.on_commit(lambda: send_run(run_id, queue))
+
+    def send_many(self, run_ids: Sequence[str], queue: str) -> None:
+        """``send`` for several runs of one queue: their messages are sent together
+        (:func:`send_runs`) once the current transaction commits."""
+        config = self.config
+        if run_ids and config.enqueue and config.store.is_shared:
+            batch = list(run_ids)
+            config.store.on_commit(lambda: send_runs(batch, queue))
 
     # waking, signals, cancel and retry ----------------------------------------------
 
@@ -490,6 +550,16 @@ def send_run(run_id: str, queue: str) -> None:
     from .publishing import publish_run
 
     publish_run(run_id, queue)
+
+
+def send_runs(run_ids: Sequence[str], queue: str) -> None:
+    """Send the Celery messages of several runs on ``queue`` together: one message per
+    run, as :func:`send_run` makes it, in one call of
+    :func:`~durable_django.publishing.publish_runs` (one broker connection, one round
+    trip on Redis; with ``task_always_eager`` each run executes at once)."""
+    from .publishing import publish_runs
+
+    publish_runs([(run_id, queue) for run_id in run_ids])
 
 
 #: The default engine, configured from ``settings.DURABLE`` on first use.

@@ -24,6 +24,11 @@
 
 Steps 3 to 6 happen in the store, in one transaction: ``BaseStore.start_run`` for a new
 run (one call on PostgreSQL), ``BaseStore.retry_run`` for a retry.
+
+A batch (``Wf.dispatch_many``, ``engine.start_many``: :func:`start_many`) takes the same
+steps for many runs at once: steps 1 and 2 for every element before anything is written,
+steps 3 to 6 in one transaction of the store (``BaseStore.start_runs``, one call on
+PostgreSQL), and step 7 once for the batch (:meth:`Engine.send_many`).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from .serialization import json_copy, validate_text
 from .signals import run_refused, run_started
 from .signals import send as send_signal
 from .status import RunStatus
+from .stores.base import StartRequest, batch_index
 
 if TYPE_CHECKING:
     from .declaration import BaseWorkflow, Workflow
@@ -226,6 +232,163 @@ def retry(
     return RunHandle(engine, run_id, run.workflow, True)
 
 
+# batches ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStart:
+    """What a batch of starts did (``Wf.dispatch_many``, ``engine.start_many``).
+
+    ``started``: the handles of the runs started, in the order of the inputs (an
+    idempotent re-start among them has ``created`` False). ``refused``: ``(index,
+    error)`` pairs, the index of the input in the batch and the
+    :class:`~durable_django.ConcurrencyLimitError` that refused it. ``handles``: one
+    entry per input, its handle or ``None`` where it was refused.
+    """
+
+    started: list[RunHandle]
+    refused: list[tuple[int, ConcurrencyLimitError]]
+    handles: list[RunHandle | None]
+
+
+def start_many(
+    engine: Engine,
+    workflow: WorkflowRef,
+    inputs: Iterable[Any],
+    *,
+    run_ids: Iterable[str | None] | None = None,
+    concurrency: quotas.ConcurrencyOption = None,
+    tags: Iterable[str] = (),
+    namespace: str | None = None,
+) -> BatchStart:
+    """What :meth:`Engine.start_many <durable_django.Engine.start_many>` does."""
+    definition, option, batch = prepare_many(engine, workflow, inputs, run_ids, concurrency)
+    quotas_of: list[tuple[quotas.Quota, ...]] = []
+    for index, (input, _) in enumerate(batch):
+        with batch_index(index):
+            quotas_of.append(quotas.resolve(option, input, definition.name))
+    return admit_many(engine, definition, batch, quotas_of, tags, namespace)
+
+
+async def astart_many(
+    engine: Engine,
+    workflow: WorkflowRef,
+    inputs: Iterable[Any],
+    *,
+    run_ids: Iterable[str | None] | None = None,
+    concurrency: quotas.ConcurrencyOption = None,
+    tags: Iterable[str] = (),
+    namespace: str | None = None,
+) -> BatchStart:
+    """:func:`start_many` for async code: an async limit function is awaited on the loop."""
+    definition, option, batch = prepare_many(engine, workflow, inputs, run_ids, concurrency)
+    quotas_of: list[tuple[quotas.Quota, ...]] = []
+    for index, (input, _) in enumerate(batch):
+        with batch_index(index):
+            quotas_of.append(await quotas.aresolve(option, input, definition.name))
+    return await sync_to_async(admit_many)(engine, definition, batch, quotas_of, tags, namespace)
+
+
+def prepare_many(
+    engine: Engine,
+    workflow: WorkflowRef,
+    inputs: Iterable[Any],
+    run_ids: Iterable[str | None] | None,
+    concurrency: quotas.ConcurrencyOption,
+) -> tuple[WorkflowDefinition, tuple[quotas.Concurrency, ...], list[tuple[Any, str | None]]]:
+    """Validate a batch: the definition, the quotas that apply, and each input as JSON
+    with its run id; an error names the index of the element at fault."""
+    definition = engine.definition(workflow)
+    option = _quota_option(definition, concurrency)
+    if isinstance(inputs, str | bytes | dict) or not isinstance(inputs, Iterable):
+        raise TypeError(f"inputs must be a list of inputs, not {type(inputs).__name__}")
+    inputs = list(inputs)
+    if run_ids is None:
+        ids: list[str | None] = [None] * len(inputs)
+    else:
+        if isinstance(run_ids, str | bytes) or not isinstance(run_ids, Iterable):
+            raise TypeError(f"run_ids must be a list of run ids, not {type(run_ids).__name__}")
+        ids = list(run_ids)
+        if len(ids) != len(inputs):
+            raise ValueError(f"run_ids has {len(ids)} item(s) for {len(inputs)} input(s)")
+    what = f"the input of workflow {definition.name!r}"
+    batch = []
+    for index, (input, run_id) in enumerate(zip(inputs, ids, strict=True)):
+        with batch_index(index):
+            batch.append((json_copy(input, what), run_id))
+    return definition, option, batch
+
+
+def admit_many(
+    engine: Engine,
+    definition: WorkflowDefinition,
+    batch: Sequence[tuple[Any, str | None]],
+    quotas_of: Sequence[Sequence[quotas.Quota]],
+    tags: Iterable[str],
+    namespace: str | None,
+) -> BatchStart:
+    """The steps of a batch after its quotas are resolved: every run checked, then the
+    store's one transaction, then each refusal explained and ``run_refused`` sent for it
+    (:func:`_refused_many`), and on commit the messages of the runs created, sent
+    together, and ``run_started`` for each."""
+    tags = tuple(validate_tags(tags))  # the batch's, checked once, before any element
+    if namespace is not None:
+        validate_text(namespace, "namespace", text_lengths().namespace)
+    requests = []
+    for index, ((input, run_id), resolved) in enumerate(zip(batch, quotas_of, strict=True)):
+        with batch_index(index):
+            run = new_run(engine, definition, input, resolved, run_id, tags, namespace)
+        requests.append(StartRequest(run, tuple(resolved), check_existing=run_id is not None))
+    if not requests:
+        return BatchStart([], [], [])
+    outcomes = engine.store.start_runs(requests, read_namespace=engine.read_namespace)
+    handles: list[RunHandle | None] = []
+    refused: list[tuple[int, ConcurrencyLimitError]] = []
+    created: list[NewRun] = []
+    for index, (request, outcome) in enumerate(zip(requests, outcomes, strict=True)):
+        run = request.run
+        if isinstance(outcome, ConcurrencyLimitError):
+            refused.append((index, outcome))
+            handles.append(None)
+            continue
+        if outcome.created:
+            created.append(run)
+        handles.append(RunHandle(engine, run.run_id, outcome.workflow, outcome.created))
+    if refused:
+        _refused_many(engine, definition.name, refused, requests)
+    if created:
+        engine.send_many([run.run_id for run in created], created[0].queue)
+        for run in created:
+            _announce_started(engine, run)
+    return BatchStart([h for h in handles if h is not None], refused, handles)
+
+
+def _refused_many(
+    engine: Engine,
+    workflow: str,
+    refused: Sequence[tuple[int, ConcurrencyLimitError]],
+    requests: Sequence[StartRequest],
+) -> None:
+    """A batch's refusals, as :func:`_refused` does one (the store's transaction has
+    ended): each explained, then announced, in the batch's order. Refusals under one key,
+    limit, counted statuses and weight share one estimate: it reads the key's holders and
+    history once, whatever the number of elements the key refused."""
+    shared: dict[tuple[str, int, tuple[str, ...], int], estimates.Estimate] = {}
+    for index, error in refused:
+        quota = next(q for q in requests[index].quotas if q.key == error.key)
+        statuses = tuple(quota.count_statuses)
+        what = (error.key, error.limit, statuses, quota.weight)
+        if what in shared:
+            error.engine = engine
+            error.estimate = shared[what]
+            error.retry_after = error.estimate.seconds
+        else:
+            estimates.explain(engine, error, statuses, needed=quota.weight)
+            if error.estimate is not None:
+                shared[what] = error.estimate
+        send_signal(run_refused, type(engine), engine=engine, workflow=workflow, error=error)
+
+
 # the steps ----------------------------------------------------------------------------
 
 
@@ -350,15 +513,20 @@ def _announce_started(engine: Engine, run: NewRun) -> None:
 
 
 __all__ = [
+    "BatchStart",
     "Planned",
     "RunHandle",
     "WorkflowRef",
     "admit",
+    "admit_many",
     "astart",
+    "astart_many",
     "new_run",
     "prepare",
+    "prepare_many",
     "retry",
     "start",
     "start_child",
+    "start_many",
     "start_together",
 ]

@@ -21,8 +21,13 @@ postgresql_only = pytest.mark.skipif(
 
 APP = "durable_django"
 FUNCTIONS_MIGRATION = (APP, "0002_postgresql_functions")
-#: Every migration installing functions; the last of them is the app's latest migration.
-FUNCTIONS_MIGRATIONS = [FUNCTIONS_MIGRATION, (APP, "0003_quota_weights")]
+#: Every migration installing functions, in order; the last of them is the app's latest
+#: migration and leaves them all installed.
+FUNCTIONS_MIGRATIONS = [
+    FUNCTIONS_MIGRATION,
+    (APP, "0003_quota_weights"),
+    (APP, "0004_start_runs_function"),
+]
 LATEST = FUNCTIONS_MIGRATIONS[-1]
 
 
@@ -101,6 +106,9 @@ def test_the_functions_migration_reverses_and_honours_the_routers():
     migrate(FUNCTIONS_MIGRATION)
     assert "durable_start_run_v1" in installed(schema)
     assert "durable_start_run_v2" not in installed(schema)
+    migrate((APP, "0003_quota_weights"))
+    assert "durable_start_run_v2" in installed(schema)
+    assert "durable_start_runs_v1" not in installed(schema)
     migrate(LATEST)
     assert sorted(installed(schema)) == names
 
@@ -108,16 +116,14 @@ def test_the_functions_migration_reverses_and_honours_the_routers():
 @postgresql_only
 @pytest.mark.django_db
 def test_sqlmigrate_shows_the_functions():
-    out = io.StringIO()
+    forwards, backwards = io.StringIO(), io.StringIO()
     for migration in FUNCTIONS_MIGRATIONS:
-        call_command("sqlmigrate", *migration, stdout=out)
+        call_command("sqlmigrate", *migration, stdout=forwards)
+        call_command("sqlmigrate", *migration, backwards=True, stdout=backwards)
     for definition in function_definitions().values():
-        assert definition in out.getvalue()
-    out = io.StringIO()
-    for migration in FUNCTIONS_MIGRATIONS:
-        call_command("sqlmigrate", *migration, backwards=True, stdout=out)
+        assert definition in forwards.getvalue()
     for name in function_definitions():
-        assert f'DROP FUNCTION IF EXISTS "{name}";' in out.getvalue()
+        assert f'DROP FUNCTION IF EXISTS "{name}";' in backwards.getvalue()
 
 
 @pytest.mark.skipif(connection.vendor == "postgresql", reason="other databases")

@@ -167,6 +167,23 @@ def test_with_celery_eager_mode_a_run_executes_at_once(django_db_setup: None) ->
     assert (run.status, run.output) == (RunStatus.COMPLETED, {"got": {"n": 1}})
 
 
+def test_with_celery_eager_mode_a_batchs_runs_execute_at_once(django_db_setup: None) -> None:
+    """A batch's one ``publish_runs`` in ``task_always_eager``: each run executes in this
+    process when the batch commits."""
+    app.conf.task_always_eager = True
+    try:
+        with override_settings(DURABLE={"ENQUEUE": True, "QUEUE": "never-sent"}):
+            batch = plain.dispatch_many([{"n": 1}, {"n": 2}])
+    finally:
+        app.conf.task_always_eager = False
+
+    runs = [default_engine.get_run(handle.run_id) for handle in batch.started]
+    assert [(run.status, run.output) for run in runs] == [
+        (RunStatus.COMPLETED, {"got": {"n": 1}}),
+        (RunStatus.COMPLETED, {"got": {"n": 2}}),
+    ]
+
+
 # a broker restart, on a redis-server of the test's own ----------------------------------
 
 

@@ -250,3 +250,49 @@ def test_a_remote_workflow_is_routed_to_its_queue_and_executed_there(
     assert default_engine.get_run(handle.run_id).status == RunStatus.COMPLETED
     # The slot is free again.
     assert default_engine.start(name, {"n": 3}, concurrency=quota).created
+
+
+# batches ------------------------------------------------------------------------------
+
+
+def test_a_batch_is_sent_together_once_it_commits(idle_queue: str, broker: Broker) -> None:
+    key = f"tenant:{uuid.uuid4().hex}"
+    with transaction.atomic():
+        batch = total.dispatch_many(
+            [{"a": n, "b": 0} for n in range(5)], concurrency={"key": key, "limit": 3}
+        )
+        assert Run.objects.count() == 3
+        assert broker.queued_count(idle_queue) == 0
+
+    assert [index for index, _ in batch.refused] == [3, 4]
+    assert broker.queued_run_ids(idle_queue) == [handle.run_id for handle in batch.started]
+
+
+def test_a_rolled_back_batch_leaves_no_run_and_no_message(idle_queue: str, broker: Broker) -> None:
+    with pytest.raises(Rollback), transaction.atomic():
+        rolled_back = total.dispatch_many([{"a": n, "b": 0} for n in range(4)])
+        assert len(rolled_back.started) == 4
+        raise Rollback
+    with pytest.raises(TypeError, match=r"inputs\[2\]"):
+        total.dispatch_many([{"a": 1, "b": 0}, {"a": 2, "b": 0}, {"a": object(), "b": 0}])
+
+    assert Run.objects.count() == RunTag.objects.count() == 0
+    assert broker.queued_count(idle_queue) == 0
+
+
+def test_a_batchs_runs_are_executed_by_the_worker(sending: Worker) -> None:
+    key = f"tenant:{uuid.uuid4().hex}"
+    batch = total.dispatch_many(
+        [{"a": n, "b": 10} for n in range(12)], concurrency={"key": key, "limit": 8}
+    )
+
+    assert [index for index, _ in batch.refused] == [8, 9, 10, 11]
+    assert [sending.result(handle) for handle in batch.started] == [
+        {"total": n + 10} for n in range(8)
+    ]
+    # Their slots are free again: the next batch takes the whole limit.
+    again = total.dispatch_many(
+        [{"a": n, "b": 0} for n in range(8)], concurrency={"key": key, "limit": 8}
+    )
+    assert not again.refused
+    assert [sending.result(handle) for handle in again.started] == [{"total": n} for n in range(8)]

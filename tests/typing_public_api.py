@@ -17,6 +17,7 @@ from typing import Any, assert_type
 import durable_django
 from durable_django import (
     BaseWorkflow,
+    BatchStart,
     Concurrency,
     ConcurrencyLimitError,
     Context,
@@ -26,6 +27,7 @@ from durable_django import (
     Workflow,
     workflow,
 )
+from durable_django.concurrency import Quota
 
 # Every name the reference documents, imported from where it says: each must be exported
 # explicitly there (mypy --strict refuses a name a module merely imports).
@@ -75,6 +77,7 @@ from durable_django.stores import (
     OrmStore,
     RunRecord,
     StartOutcome,
+    StartRequest,
     StepRecord,
     Store,
 )
@@ -133,6 +136,21 @@ def starts(engine: Engine) -> None:
     assert_type(handle.status, str)
     assert_type(handle.created, bool)
     assert_type(RunStatus.PENDING in ACTIVE_STATUSES, bool)
+    batch = total.dispatch_many([{"a": 1}, {"a": 2}], run_ids=["r1", None], tags=["t"])
+    assert_type(batch, BatchStart)
+    assert_type(batch.started, list[RunHandle])
+    assert_type(batch.refused, list[tuple[int, ConcurrencyLimitError]])
+    assert_type(batch.handles, list[RunHandle | None])
+    assert_type(Report.dispatch_many([None], concurrency={"key": "k", "limit": 2}), BatchStart)
+    assert_type(engine.start_many("typing.total", [{"a": 1}], namespace="n"), BatchStart)
+    several = [{"key": "k", "limit": 4, "weight": 2}, {"key": "j", "limit": 3}]
+    assert_type(Report.dispatch_many([None, None], concurrency=several), BatchStart)
+    new = NewRun("r", "typing.total", "1", "default", {"a": 1}, (), "")
+    two = [Quota("k", 2, ("pending",), weight=2), Quota("j", 1, ("pending",))]
+    for outcome in engine.store.start_runs(
+        [StartRequest(new, two, check_existing=False)], read_namespace=None
+    ):
+        assert_type(outcome, StartOutcome | ConcurrencyLimitError)
     try:
         total.start({"a": 1}, timeout=5.0)
     except ConcurrencyLimitError as error:
@@ -142,6 +160,8 @@ def starts(engine: Engine) -> None:
 async def async_starts() -> None:
     assert_type(await total.adispatch({"a": 1}, tags=["t"]), RunHandle)
     assert_type(await Report.adispatch(None), RunHandle)
+    assert_type(await total.adispatch_many([{"a": 1}]), BatchStart)
+    assert_type(await Report.adispatch_many([None], tags=["t"]), BatchStart)
 
 
 def misuses(engine: Engine) -> None:
@@ -149,6 +169,7 @@ def misuses(engine: Engine) -> None:
     Report.start(None, timout=5)  # type: ignore[call-arg]
     engine.start("typing.total", {"a": 1}, queue="fast")  # type: ignore[call-arg]
     total.dispatch({"a": 1}, run_id=1)  # type: ignore[arg-type]
+    total.dispatch_many([{"a": 1}], run_id="r1")  # type: ignore[call-arg]
     Concurrency("k", limit="8")  # type: ignore[arg-type]
     Concurrency("k", limit=8, weight="2")  # type: ignore[arg-type]
     workflow(name="typing.none")(42)  # type: ignore[call-overload]

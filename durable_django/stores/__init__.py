@@ -4,7 +4,7 @@ Both implement :class:`BaseStore`, the store contract."""
 from typing import TYPE_CHECKING
 
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
-from .base import BaseStore, Store
+from .base import BaseStore, StartRequest, Store
 from .memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ __all__ = [
     "OrmStore",
     "RunRecord",
     "StartOutcome",
+    "StartRequest",
     "StepRecord",
     "Store",
 ]

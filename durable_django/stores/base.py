@@ -25,6 +25,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -43,14 +44,35 @@ __all__ = [
     "NewRun",
     "RunRecord",
     "StartOutcome",
+    "StartRequest",
     "StepRecord",
     "Store",
+    "batch_index",
+    "check_batch_ids",
     "check_quota",
     "check_quotas",
     "existing_outcome",
     "quota_list",
     "quota_transaction",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class StartRequest:
+    """One start of a batch (:meth:`BaseStore.start_runs`): the run to create, its quotas
+    (one, a list of them with distinct keys, or none: unlimited), and whether a run
+    already holding its id is looked for. ``quotas`` is kept as a tuple."""
+
+    run: NewRun
+    quotas: tuple[Quota, ...]
+    check_existing: bool
+
+    def __init__(
+        self, run: NewRun, quotas: Quota | Sequence[Quota] | None, check_existing: bool
+    ) -> None:
+        object.__setattr__(self, "run", run)
+        object.__setattr__(self, "quotas", quota_list(quotas))
+        object.__setattr__(self, "check_existing", check_existing)
 
 
 class BaseStore(abc.ABC):
@@ -262,6 +284,58 @@ class BaseStore(abc.ABC):
             check_quotas(self, quotas, run.workflow, read_namespace)
             self.create_run(run)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+
+    def start_runs(
+        self, starts: Sequence[StartRequest], *, read_namespace: str | None
+    ) -> list[StartOutcome | ConcurrencyLimitError]:
+        """Start a batch in one transaction: for each of ``starts``, in order, what
+        :meth:`start_run` does, its refusal returned in its place instead of raised.
+
+        Returns one item per start: its :class:`StartOutcome`, or the
+        :class:`~durable_django.ConcurrencyLimitError` of the first of its quotas that
+        refused it (it created nothing). A later start sees what the earlier ones created:
+        a run id given twice is created by the first and found by the second (``created``
+        False), and a key's units include the batch's earlier runs, with their weights. A
+        run id held by another workflow or namespace raises
+        :class:`~durable_django.DurableError` naming its index, and the batch creates
+        nothing; so does one id given to starts of different workflows or namespaces
+        (``ValueError``, :func:`check_batch_ids`).
+
+        Every quota key of every start is locked first, before the first start, by one
+        :meth:`quota_locks` (the keys' code point order, the order a single start under
+        several quotas takes them in): two batches, or a batch and a single start, sharing
+        keys take them in the same order and never wait on each other in a cycle. The
+        locks are held until the transaction ends."""
+        check_batch_ids(starts)
+        keys = {quota.key for start in starts for quota in start.quotas}
+        with self.quota_locks(keys):
+            # Every lookup first: an id held by another workflow or namespace is refused
+            # before anything is written, on a store whose transactions roll back or not.
+            existing: dict[str, StartOutcome] = {}
+            for index, start in enumerate(starts):
+                run = start.run
+                if start.check_existing and run.run_id not in existing:
+                    found = self.get_run(run.run_id)
+                    if found is not None:
+                        with batch_index(index):
+                            existing[run.run_id] = existing_outcome(
+                                run, found.workflow, found.namespace, read_namespace
+                            )
+            outcomes: list[StartOutcome | ConcurrencyLimitError] = []
+            for start in starts:
+                run = start.run
+                if start.check_existing and run.run_id in existing:
+                    outcomes.append(existing[run.run_id])
+                    continue
+                try:
+                    check_quotas(self, start.quotas, run.workflow, read_namespace)
+                except ConcurrencyLimitError as error:
+                    outcomes.append(error)
+                    continue
+                self.create_run(run)
+                existing[run.run_id] = StartOutcome(False, run.workflow, run.namespace)
+                outcomes.append(StartOutcome(True, run.workflow, run.namespace))
+            return outcomes
 
     def retry_run(
         self, run: RunRecord, quotas: Quota | Sequence[Quota] | None, *, read_namespace: str | None
@@ -494,6 +568,33 @@ def check_quotas(
 def check_quota(store: BaseStore, quota: Quota, workflow: str, read_namespace: str | None) -> None:
     """:func:`check_quotas` for one quota."""
     check_quotas(store, (quota,), workflow, read_namespace)
+
+
+def check_batch_ids(starts: Sequence[StartRequest]) -> None:
+    """Refuse a batch giving one run id to starts of different workflows or namespaces
+    (``ValueError`` naming the index). The same id given twice for the same workflow and
+    namespace is allowed: the first start creates the run, the later ones find it."""
+    first: dict[str, NewRun] = {}
+    for index, start in enumerate(starts):
+        run = first.setdefault(start.run.run_id, start.run)
+        if (run.workflow, run.namespace) != (start.run.workflow, start.run.namespace):
+            raise ValueError(
+                f"inputs[{index}]: run id {run.run_id!r} is given to a start of workflow "
+                f"{run.workflow!r} in namespace {run.namespace!r} earlier in the batch"
+            )
+
+
+@contextmanager
+def batch_index(index: int) -> Iterator[None]:
+    """Name element ``index`` of a batch in the message of a ``DurableError``, ``TypeError``
+    or ``ValueError`` raised inside (``"inputs[3]: ..."``); the error keeps its type."""
+    try:
+        yield
+    except (DurableError, TypeError, ValueError) as error:
+        prefix = f"inputs[{index}]: "
+        if error.args and isinstance(error.args[0], str) and not error.args[0].startswith(prefix):
+            error.args = (prefix + error.args[0], *error.args[1:])
+        raise
 
 
 def existing_outcome(

@@ -27,7 +27,7 @@ from ..concurrency import DEFAULT_CONCURRENCY_STATUSES, Quota, quota_tag
 from ..errors import ConcurrencyLimitError, DurableError
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..status import TERMINAL_STATUSES, RunStatus
-from .base import BaseStore
+from .base import BaseStore, StartRequest
 
 __all__ = ["StoreContract"]
 
@@ -74,6 +74,30 @@ def start(
     return store.start_run(
         run, quotas, check_existing=check_existing, read_namespace=read_namespace
     )
+
+
+def batch(
+    store: BaseStore,
+    *starts: tuple[NewRun, Quota | list[Quota] | None],
+    check_existing: bool = True,
+    read_namespace: str | None = None,
+) -> list[StartOutcome | ConcurrencyLimitError]:
+    """``store.start_runs`` with each run carrying its quotas' tags and weights, as the
+    engine makes it."""
+    requests = []
+    for run, under in starts:
+        quotas = [] if under is None else [under] if isinstance(under, Quota) else under
+        run = dataclasses.replace(
+            run,
+            tags=tuple(dict.fromkeys((*run.tags, *(q.tag for q in quotas)))),
+            weights={q.tag: q.weight for q in quotas if q.weight != 1},
+        )
+        requests.append(StartRequest(run, quotas, check_existing))
+    return store.start_runs(requests, read_namespace=read_namespace)
+
+
+def refused_at(outcomes: list[StartOutcome | ConcurrencyLimitError]) -> list[int]:
+    return [i for i, outcome in enumerate(outcomes) if isinstance(outcome, ConcurrencyLimitError)]
 
 
 def make(
@@ -606,6 +630,107 @@ class StoreContract:
         run = read(store, "run-1")
         assert (run.status, run.tags) == (RunStatus.PENDING, [quota_tag("a"), quota_tag("b")])
         assert store.quota_units([quota("a", 5), quota("b", 4)], None) == [1, 4]
+
+    # a batch of starts (start_runs) ----------------------------------------------------
+
+    def test_a_batch_starts_each_run_in_order_under_its_own_quota(self, store: BaseStore) -> None:
+        a, b = quota("a", 2), quota("b", 1)
+        start(store, new_run("old"), a)
+        outcomes = batch(
+            store,
+            (new_run("run-1"), a),
+            (new_run("run-2"), b),
+            (new_run("run-3"), a),  # a is full: old and run-1
+            (new_run("run-4"), b),
+            (new_run("run-5"), None),
+            (new_run("run-6", "other", namespace="blue"), quota("closed", 0)),
+        )
+        assert refused_at(outcomes) == [2, 3, 5]
+        assert outcomes[0] == StartOutcome(True, "wf", "default")
+        assert outcomes[4] == StartOutcome(True, "wf", "default")
+        error = outcomes[2]
+        assert isinstance(error, ConcurrencyLimitError)
+        assert (error.workflow, error.key, error.limit, error.active) == ("wf", "a", 2, 2)
+        closed = outcomes[5]
+        assert isinstance(closed, ConcurrencyLimitError)
+        assert (closed.workflow, closed.key, closed.active) == ("other", "closed", 0)
+        assert sorted(ids(store.list_runs())) == ["old", "run-1", "run-2", "run-5"]
+        assert read(store, "run-2").tags == [quota_tag("b")]
+        assert store.count_runs(tag=quota_tag("a")) == 2
+        assert batch(store) == []
+
+    def test_a_batch_returns_runs_already_there_and_ids_given_twice(self, store: BaseStore) -> None:
+        full = quota("k", 1)
+        start(store, new_run("order:1", input={"n": 1}), full)
+        outcomes = batch(
+            store,
+            (new_run("order:1", input={"n": 2}), full),  # never refused
+            (new_run("order:2", input={"n": 3}), None),
+            (new_run("order:2", input={"n": 4}), None),
+            (new_run("order:3"), full),
+        )
+        assert outcomes[:3] == [
+            StartOutcome(False, "wf", "default"),
+            StartOutcome(True, "wf", "default"),
+            StartOutcome(False, "wf", "default"),
+        ]
+        assert refused_at(outcomes) == [3]
+        assert (read(store, "order:1").input, read(store, "order:2").input) == ({"n": 1}, {"n": 3})
+
+    def test_a_batch_meeting_an_id_of_another_run_creates_nothing(self, store: BaseStore) -> None:
+        start(store, new_run("shared", "a"))
+        with store.atomic(), pytest.raises(DurableError, match=r"inputs\[1\]: run id 'shared'"):
+            batch(store, (new_run("new"), quota("k", 5)), (new_run("shared", "b"), None))
+        assert ids(store.list_runs()) == ["shared"]
+        with store.atomic(), pytest.raises(ValueError, match=r"inputs\[1\]: run id 'twice'"):
+            batch(store, (new_run("twice", "a"), None), (new_run("twice", "b"), None))
+        assert ids(store.list_runs()) == ["shared"]
+
+    def test_a_batch_admits_each_start_under_every_quota_with_its_weight(
+        self, store: BaseStore
+    ) -> None:
+        # Two keys, weights: each element is admitted, in order, only when every one of
+        # its quotas admits it; a refused element takes no unit of any key.
+        a2, b3 = quota("a", 4, weight=2), quota("b", 3)
+        heavy_b = quota("b", 3, weight=2)
+        start(store, new_run("old"), [quota("b", 3)])  # b: 1 of 3
+        outcomes = batch(
+            store,
+            (new_run("run-1"), [a2, b3]),  # a 2/4, b 2/3
+            (new_run("run-2"), [a2, heavy_b]),  # b would be 4/3: refused by b, a unchanged
+            (new_run("run-3"), [a2]),  # a 4/4
+            (new_run("run-4"), [quota("a", 4), b3]),  # a would be 5/4: refused by a
+            (new_run("run-5"), [b3, quota("c", 1, weight=1)]),  # b 3/3, c 1/1
+            (new_run("run-6"), [quota("c", 2), b3]),  # c 2/2 fine, b full: refused by b
+        )
+        assert refused_at(outcomes) == [1, 3, 5]
+        refusals = [outcomes[i] for i in (1, 3, 5)]
+        assert all(isinstance(error, ConcurrencyLimitError) for error in refusals)
+        assert [(e.key, e.limit, e.active) for e in refusals] == [  # type: ignore[union-attr]
+            ("b", 3, 2),
+            ("a", 4, 4),
+            ("b", 3, 3),
+        ]
+        assert sorted(ids(store.list_runs())) == ["old", "run-1", "run-3", "run-5"]
+        assert store.quota_units([quota("a", 4), quota("b", 3), quota("c", 1)], None) == [
+            4,
+            3,
+            1,
+        ]
+        assert read(store, "run-1").weights == {quota_tag("a"): 2}
+        assert read(store, "run-5").tags == [quota_tag("b"), quota_tag("c")]
+
+    def test_a_batch_counts_in_the_namespace_read(self, store: BaseStore) -> None:
+        shared = quota("shared", 1)
+        start(store, new_run("green-1", namespace="green"), shared)
+        outcomes = batch(
+            store,
+            (new_run("blue-1", namespace="blue"), shared),
+            (new_run("blue-2", namespace="blue"), shared),
+            read_namespace="blue",
+        )
+        assert refused_at(outcomes) == [1]
+        assert store.count_runs(tag=shared.tag) == 2
 
     # a turn (claim_run, record_held_step, end_turn) ------------------------------------
 

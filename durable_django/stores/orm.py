@@ -3,9 +3,11 @@
 Each operation takes one of two paths:
 
 - on PostgreSQL (``fast_path=True``, the default), one call of a function of
-  ``stores/postgres/functions.sql``, installed by migrations 0002 and 0003: a start
+  ``stores/postgres/functions.sql``, installed by migrations 0002, 0003 and 0004: a start
   (``durable_start_run_v2``: the advisory lock of each quota key, the existing-run check,
-  the weighted counts and the inserts), a claim that also returns the run and its
+  the weighted counts and the inserts), a batch of starts (``durable_start_runs_v1``,
+  migration 0004: every key of the batch locked in byte order, then
+  ``durable_start_run_v2`` per element), a claim that also returns the run and its
   recorded steps (``durable_claim_run_v1``), a step's record with the check that the
   worker still holds the run (``durable_record_held_step_v1``), and a status change of
   the run and its tags together, with the turn's last record at the end of a turn
@@ -49,7 +51,15 @@ from ..models import QuotaLock, Run, RunQuerySet, RunTag, Signal, Step, model_fi
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..retention import active_ancestors
 from ..status import TERMINAL_STATUSES, RunStatus
-from .base import BaseStore, existing_outcome, is_holders_check, quota_list
+from .base import (
+    BaseStore,
+    StartRequest,
+    batch_index,
+    check_batch_ids,
+    existing_outcome,
+    is_holders_check,
+    quota_list,
+)
 from .database_checks import collation_errors, database_warnings
 
 #: The calls of the functions of ``stores/postgres/functions.sql``.
@@ -59,6 +69,10 @@ _START_SQL = (
     "SELECT outcome, refused, active, found_workflow, found_namespace FROM "
     "durable_start_run_v2(%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s, %s, "
     "%s::text[], %s::integer[], %s::integer[], %s::text[], %s)"
+)
+_START_MANY_SQL = (
+    "SELECT position, outcome, refused, active, found_workflow, found_namespace "
+    "FROM durable_start_runs_v1(%s::jsonb, %s)"
 )
 _CLAIM_SQL = "SELECT * FROM durable_claim_run_v1(%s, %s, %s, %s, %s, %s)"
 _RECORD_HELD_SQL = "SELECT durable_record_held_step_v1(%s, %s, %s::integer, %s, %s, %s, %s)"
@@ -295,6 +309,69 @@ class OrmStore(BaseStore):
         if outcome == "exists":
             return existing_outcome(run, workflow, namespace, read_namespace)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+
+    def start_runs(
+        self, starts: Sequence[StartRequest], *, read_namespace: str | None
+    ) -> list[StartOutcome | ConcurrencyLimitError]:
+        """A batch of starts in one transaction, as :meth:`BaseStore.start_runs` says: on
+        PostgreSQL one call of ``durable_start_runs_v1`` (one round trip), elsewhere the
+        portable path.
+
+        A batch the database chose as the victim of a deadlock is tried again, as a start
+        is (:meth:`start_run`); so is one that met a run id a concurrent start without a
+        quota inserted first, whose second attempt finds that run.
+        """
+        check_batch_ids(starts)
+        connection = connections[self.using]
+        attempt = 1
+        while True:
+            try:
+                if self._fast():
+                    return self._start_many_on_postgresql(starts, read_namespace)
+                return super().start_runs(starts, read_namespace=read_namespace)
+            except IntegrityError:
+                if attempt >= START_ATTEMPTS:
+                    raise
+            except OperationalError as error:
+                if not is_deadlock(error) or attempt >= START_ATTEMPTS:
+                    raise
+                if in_callers_transaction(connection):
+                    error.add_note(
+                        "A batch of starts was chosen as the victim of a deadlock: the "
+                        "database rolled back the whole transaction it ran in, the caller's. "
+                        "Run that transaction again from its beginning."
+                    )
+                    raise
+            attempt += 1
+
+    def _start_many_on_postgresql(
+        self, starts: Sequence[StartRequest], read_namespace: str | None
+    ) -> list[StartOutcome | ConcurrencyLimitError]:
+        batch = [_start_json(start) for start in starts]
+        with transaction.atomic(using=self.using):
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(
+                    _START_MANY_SQL, [json.dumps(batch, cls=DjangoJSONEncoder), read_namespace]
+                )
+                rows = cursor.fetchall()
+            assert [row[0] for row in rows] == list(range(1, len(starts) + 1))
+            outcomes: list[StartOutcome | ConcurrencyLimitError] = []
+            for index, (start, (_, outcome, refused, active, workflow, namespace)) in enumerate(
+                zip(starts, rows, strict=True)
+            ):
+                run = start.run
+                if outcome == "refused":
+                    quota = start.quotas[refused - 1]
+                    outcomes.append(
+                        ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
+                    )
+                elif outcome == "exists":
+                    # A clash raises here, inside the transaction: the batch is undone.
+                    with batch_index(index):
+                        outcomes.append(existing_outcome(run, workflow, namespace, read_namespace))
+                else:
+                    outcomes.append(StartOutcome(True, run.workflow, run.namespace))
+            return outcomes
 
     # runs ---------------------------------------------------------------------------
 
@@ -851,6 +928,35 @@ _TRANSITION_FIELDS = (
     "started_at",
 )
 _JSON_FIELDS = frozenset({"output", "error", "wait"})
+
+
+def _start_json(start: StartRequest) -> dict[str, Any]:
+    """One start of a batch as ``durable_start_runs_v1`` reads it: the arguments of
+    ``durable_start_run_v2``, those that are ``NULL`` left out. ``statuses`` holds one
+    row per quota, padded with ``null`` to the longest (a two-dimensional array)."""
+    run, quotas = start.run, start.quotas
+    width = max((len(quota.count_statuses) for quota in quotas), default=0)
+    item: dict[str, Any] = {
+        "id": run.run_id,
+        "check_existing": start.check_existing,
+        "workflow": run.workflow,
+        "version": run.version,
+        "namespace": run.namespace,
+        "input": run.input,
+        "tags": list(run.tags),
+        "queue": run.queue,
+        "attempt": run.attempt,
+        "keys": [quota.key for quota in quotas],
+        "limits": [quota.limit for quota in quotas],
+        "weights": [quota.weight for quota in quotas],
+        "statuses": [
+            [*quota.count_statuses, *[None] * (width - len(quota.count_statuses))]
+            for quota in quotas
+        ],
+    }
+    if run.parent_id is not None:
+        item["parent_id"] = run.parent_id
+    return item
 
 
 def _function_sets(fields: dict[str, Any]) -> bool:

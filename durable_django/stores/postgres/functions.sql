@@ -458,3 +458,86 @@ BEGIN
     RETURN QUERY SELECT 'created'::text, NULL::integer, v_active, p_workflow, p_namespace;
 END
 $$;
+
+
+-- A batch of starts in one call: for each element of p_runs (a JSON array), in order, what
+-- durable_start_run_v2 does, by calling it; returns one row per element, its position (from
+-- 1) and durable_start_run_v2's row. A refused element creates nothing and the others go on.
+--
+-- Each element is an object holding durable_start_run_v2's arguments by name: id,
+-- check_existing, workflow, version, namespace, input, tags, queue, parent_id, attempt,
+-- keys, limits, weights (arrays, one item per quota) and statuses (an array of arrays, one
+-- per quota, padded with null to the longest); p_read_namespace is the batch's. A NULL
+-- argument is left out.
+--
+-- Deadlocks: every quota key of every element is locked first, by one call of
+-- durable_lock_quota_keys_v1 (the keys' byte order, COLLATE "C", which is also the code
+-- point order the portable path sorts keys in), before the first start; each lock is held
+-- until the transaction ends, and durable_start_run_v2's own locks of its keys are then
+-- taken again by the same transaction, which does not wait. Two batches sharing keys, or a
+-- batch and a single start under several quotas, in whatever order their elements name
+-- them, take the common keys in the same order, so neither waits for a key the other
+-- holds while holding one it needs.
+--
+-- The quota rule lives in durable_start_run_v2 alone: a later version of the single start
+-- is called here in its place by a later version of this function.
+CREATE OR REPLACE FUNCTION durable_start_runs_v1(
+    p_runs jsonb,
+    p_read_namespace text
+) RETURNS TABLE(
+    "position" integer, outcome text, refused integer, active bigint, found_workflow text,
+    found_namespace text
+)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_run jsonb;
+    v_position integer;
+    v_keys text[];
+BEGIN
+    v_keys := ARRAY(
+        SELECT k.key
+        FROM jsonb_array_elements(p_runs) AS e,
+            jsonb_array_elements_text(coalesce(e.value -> 'keys', '[]'::jsonb)) AS k(key)
+    );
+    IF cardinality(v_keys) > 0 THEN
+        PERFORM durable_lock_quota_keys_v1(v_keys);
+    END IF;
+    FOR v_run, v_position IN
+        SELECT e.value, e.ordinality::integer
+        FROM jsonb_array_elements(p_runs) WITH ORDINALITY AS e
+        ORDER BY e.ordinality
+    LOOP
+        RETURN QUERY SELECT v_position, s.outcome, s.refused, s.active, s.found_workflow,
+            s.found_namespace
+        FROM durable_start_run_v2(
+            v_run ->> 'id',
+            (v_run ->> 'check_existing')::boolean,
+            v_run ->> 'workflow',
+            v_run ->> 'version',
+            v_run ->> 'namespace',
+            v_run -> 'input',
+            ARRAY(SELECT jsonb_array_elements_text(v_run -> 'tags')),
+            v_run ->> 'queue',
+            v_run ->> 'parent_id',
+            (v_run ->> 'attempt')::integer,
+            ARRAY(SELECT jsonb_array_elements_text(coalesce(v_run -> 'keys', '[]'::jsonb))),
+            ARRAY(
+                SELECT w::integer
+                FROM jsonb_array_elements_text(coalesce(v_run -> 'limits', '[]'::jsonb)) AS w
+            ),
+            ARRAY(
+                SELECT w::integer
+                FROM jsonb_array_elements_text(coalesce(v_run -> 'weights', '[]'::jsonb)) AS w
+            ),
+            ARRAY(
+                SELECT ARRAY(SELECT jsonb_array_elements_text(r.value))
+                FROM jsonb_array_elements(coalesce(v_run -> 'statuses', '[]'::jsonb))
+                    WITH ORDINALITY AS r
+                ORDER BY r.ordinality
+            ),
+            p_read_namespace
+        ) AS s;
+    END LOOP;
+END
+$$;
