@@ -11,6 +11,7 @@ from .engines import Engine, default_engine
 from .execution import Context, current_context
 from .registry import WorkflowDefinition, make_definition
 from .starting import RunHandle
+from .waiting import Wait, refuse_in_body
 
 
 class Workflow:
@@ -46,14 +47,20 @@ class Workflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> RunHandle:
         """Create a run and enqueue it on commit; returns its handle at once.
 
+        ``wait`` (seconds or a ``timedelta``): if a quota is full, wait up to that long for
+        a slot, woken when one frees, before raising :class:`ConcurrencyLimitError`.
+
         Inside a running workflow body this starts a child run instead (see
-        ``ctx.start_child``): ``run_id`` is then the child id.
+        ``ctx.start_child``): ``run_id`` is then the child id, and ``wait`` is refused.
         """
         context = _running_body(self, namespace)
         if context is not None:
+            if wait:
+                refuse_in_body()
             return context.start_child_handle(
                 self.definition, input, run_id, concurrency=concurrency, tags=tags
             )
@@ -64,6 +71,7 @@ class Workflow:
             concurrency=concurrency,
             tags=tags,
             namespace=namespace,
+            wait=wait,
         )
 
     async def adispatch(
@@ -74,8 +82,9 @@ class Workflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> RunHandle:
-        """``dispatch`` for async views."""
+        """``dispatch`` for async views; ``wait`` waits without blocking the loop."""
         return await self.engine.astart(
             self.definition,
             input,
@@ -83,6 +92,7 @@ class Workflow:
             concurrency=concurrency,
             tags=tags,
             namespace=namespace,
+            wait=wait,
         )
 
     def start(
@@ -94,6 +104,7 @@ class Workflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> Any:
         """Dispatch, wait for the run to settle, and return its output (or raise).
 
@@ -102,9 +113,11 @@ class Workflow:
         """
         context = _running_body(self, namespace)
         if context is not None:
+            if wait:
+                refuse_in_body()
             return context.child(self.definition, input, run_id, concurrency=concurrency, tags=tags)
         handle = self.dispatch(
-            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
+            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace, wait=wait
         )
         return handle.result(timeout=timeout)
 
@@ -117,10 +130,11 @@ class Workflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> Any:
         """``start`` for async code."""
         handle = await self.adispatch(
-            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
+            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace, wait=wait
         )
         return await handle.aresult(timeout=timeout)
 
@@ -163,10 +177,11 @@ class BaseWorkflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> RunHandle:
         """See :meth:`Workflow.dispatch`."""
         return cls._declared().dispatch(
-            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
+            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace, wait=wait
         )
 
     @classmethod
@@ -178,10 +193,11 @@ class BaseWorkflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> RunHandle:
         """See :meth:`Workflow.adispatch`."""
         return await cls._declared().adispatch(
-            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
+            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace, wait=wait
         )
 
     @classmethod
@@ -194,6 +210,7 @@ class BaseWorkflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> Any:
         """See :meth:`Workflow.start`."""
         return cls._declared().start(
@@ -203,6 +220,7 @@ class BaseWorkflow:
             concurrency=concurrency,
             tags=tags,
             namespace=namespace,
+            wait=wait,
         )
 
     @classmethod
@@ -215,6 +233,7 @@ class BaseWorkflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> Any:
         """See :meth:`Workflow.astart`."""
         return await cls._declared().astart(

@@ -22,7 +22,11 @@ postgresql_only = pytest.mark.skipif(
 APP = "durable_django"
 FUNCTIONS_MIGRATION = (APP, "0002_postgresql_functions")
 #: Every migration installing functions; the last of them is the app's latest migration.
-FUNCTIONS_MIGRATIONS = [FUNCTIONS_MIGRATION, (APP, "0003_quota_weights")]
+FUNCTIONS_MIGRATIONS = [
+    FUNCTIONS_MIGRATION,
+    (APP, "0003_quota_weights"),
+    (APP, "0004_quota_release_notify"),
+]
 LATEST = FUNCTIONS_MIGRATIONS[-1]
 
 

@@ -49,7 +49,14 @@ from ..models import QuotaLock, Run, RunQuerySet, RunTag, Signal, Step, model_fi
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..retention import active_ancestors
 from ..status import TERMINAL_STATUSES, RunStatus
-from .base import BaseStore, existing_outcome, is_holders_check, quota_list
+from .base import (
+    AsyncReleaseListener,
+    BaseStore,
+    ReleaseListener,
+    existing_outcome,
+    is_holders_check,
+    quota_list,
+)
 from .database_checks import collation_errors, database_warnings
 
 #: The calls of the functions of ``stores/postgres/functions.sql``.
@@ -297,6 +304,23 @@ class OrmStore(BaseStore):
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
 
     # runs ---------------------------------------------------------------------------
+
+    def in_transaction(self) -> bool:
+        return connections[self.using].in_atomic_block
+
+    def release_listener(self, keys: Collection[str]) -> ReleaseListener | None:
+        if connections[self.using].vendor != "postgresql":
+            return None
+        from .postgres.listening import PostgresReleaseListener
+
+        return PostgresReleaseListener(self.using, keys)
+
+    async def arelease_listener(self, keys: Collection[str]) -> AsyncReleaseListener | None:
+        if connections[self.using].vendor != "postgresql":
+            return None
+        from .postgres.listening import AsyncPostgresReleaseListener
+
+        return await AsyncPostgresReleaseListener.open(self.using, keys)
 
     def _runs(self) -> RunQuerySet:
         return Run.objects.using(self.using)
