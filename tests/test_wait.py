@@ -408,3 +408,85 @@ def test_waiters_mixed_with_starters_and_releases_never_over_admit() -> None:
     assert RunTag.objects.filter(tag=tag).count() == created == Run.objects.count()
     assert RunTag.objects.filter(tag=tag, status__in=ACTIVE_STATUSES).count() <= limit
     assert waiting_count() == 0
+
+
+# the release notification (PostgreSQL) -------------------------------------------------
+
+postgresql_only = pytest.mark.skipif(not on_postgresql, reason="LISTEN/NOTIFY is PostgreSQL's")
+
+
+@postgresql_only
+def test_a_run_leaving_an_active_status_notifies_its_keys_channel_on_commit(
+    thread_engine: Engine,
+) -> None:
+    engine = thread_engine
+    key, other = fresh_key(), fresh_key()
+    store = engine.store
+    first = engine.start("wait.echo", {}, concurrency=quota(key, 5), tags=["plain"])
+    second = engine.start("wait.echo", {}, concurrency=quota(key, 5))
+    elsewhere = engine.start("wait.echo", {}, concurrency=quota(other, 5))
+    listener = store.release_listener([key])
+    assert listener is not None
+    with listener:
+        # between active statuses: no slot frees
+        force_status(engine, first.run_id, RunStatus.RUNNING)
+        assert not listener.wait(0.2)
+        # another key's release is not heard here
+        force_status(engine, elsewhere.run_id, RunStatus.COMPLETED)
+        assert not listener.wait(0.2)
+        # a release rolled back is never heard
+        with transaction.atomic():
+            force_status(engine, first.run_id, RunStatus.COMPLETED)
+            transaction.set_rollback(True)
+        assert not listener.wait(0.2)
+        assert engine.get_run(first.run_id).status == RunStatus.RUNNING
+        # a release is heard once it commits
+        force_status(engine, first.run_id, RunStatus.FAILED)
+        assert listener.wait(PATIENCE)
+        # and so is an active run deleted
+        Run.objects.filter(id=second.run_id).delete()
+        assert listener.wait(PATIENCE)
+        assert not listener.wait(0.1)
+
+
+@postgresql_only
+def test_the_release_notification_carries_the_tag(thread_engine: Engine) -> None:
+    import psycopg
+
+    from durable_django.stores.postgres.listening import release_channel
+
+    engine = thread_engine
+    key = fresh_key()
+    holder = engine.start("wait.echo", {}, concurrency=quota(key))
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    with psycopg.connect(**params, autocommit=True) as listening:
+        listening.execute(f'LISTEN "{release_channel(key)}"'.encode())
+        force_status(engine, holder.run_id, RunStatus.CANCELLED)
+        heard = list(listening.notifies(timeout=PATIENCE, stop_after=1))
+    assert [(n.channel, n.payload) for n in heard] == [(release_channel(key), f"concurrency:{key}")]
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_the_triggers_go_with_their_migration() -> None:
+    from django.db.migrations.executor import MigrationExecutor
+
+    def triggers() -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT tgname FROM pg_trigger WHERE tgrelid = 'durable_run_tag'::regclass "
+                "AND NOT tgisinternal ORDER BY tgname"
+            )
+            return [row[0] for row in cursor.fetchall()]
+
+    both = ["durable_quota_release", "durable_quota_release_delete"]
+    assert triggers() == both
+    try:
+        MigrationExecutor(connection).migrate([("durable_django", "0003_quota_weights")])
+        assert triggers() == []
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes("durable_django"))
+    assert triggers() == both
