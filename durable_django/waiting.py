@@ -212,9 +212,9 @@ def start_waiting(
     pauses = _Pauses()
     try:
         while (remaining := deadline - time.monotonic()) > 0:
+            ticket.event.clear()  # before looking: a wake from now on is not lost
             if not _at_head(ticket):
                 ticket.event.wait(min(remaining, SAFETY_SECONDS))
-                ticket.event.clear()
                 pause_first = False
                 continue
             if not listened:
@@ -267,12 +267,12 @@ async def astart_waiting(
     pauses = _Pauses()
     try:
         while (remaining := deadline - time.monotonic()) > 0:
+            ticket.async_event.clear()  # before looking: a wake from now on is not lost
             if not _at_head(ticket):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
                         ticket.async_event.wait(), min(remaining, SAFETY_SECONDS)
                     )
-                ticket.async_event.clear()
                 pause_first = False
                 continue
             if not listened:
