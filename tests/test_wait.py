@@ -24,6 +24,7 @@ from durable_django.stores import OrmStore
 from durable_django.testing import run_until_idle
 from durable_django.waiting import MAX_WAIT_SECONDS, waiting_count
 
+from .hammer import STORES
 from .helpers import echo, force_status
 
 on_postgresql = connection.vendor == "postgresql"
@@ -337,16 +338,17 @@ def test_waiters_of_one_key_in_one_process_are_admitted_in_arrival_order(
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif(connection.vendor == "sqlite", reason="a server database's concurrency")
-def test_waiters_mixed_with_starters_and_releases_never_over_admit() -> None:
-    """Starters with and without ``wait`` on one key, while runs end: the key's counted
-    runs never exceed the limit, sampled all along and checked under its lock at the
-    end, and each start is admitted or refused with nothing left."""
+@pytest.mark.parametrize("fast_path", STORES)
+def test_waiters_mixed_with_starters_and_releases_never_over_admit(fast_path: bool) -> None:
+    """Starters with and without ``wait`` released together on one key, while runs end:
+    the key's counted runs never exceed the limit (sampled all along, and at the end),
+    and each start is admitted or refused, a refused one leaving nothing."""
     from .hammer_worker import WORKFLOW, make_engine
 
     limit, starters = 4, 24
     key = fresh_key()
     tag = f"concurrency:{key}"
-    engine = make_engine(True)
+    engine = make_engine(fast_path)
     barrier = threading.Barrier(starters + 1)
     outcomes: list[str] = []
     errors: list[BaseException] = []
@@ -490,3 +492,67 @@ def test_the_triggers_go_with_their_migration() -> None:
         executor.loader.build_graph()
         executor.migrate(executor.loader.graph.leaf_nodes("durable_django"))
     assert triggers() == both
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="a server database's concurrency")
+@pytest.mark.parametrize("fast_path", STORES)
+def test_waiters_of_several_processes_never_over_admit(fast_path: bool) -> None:
+    """Three processes of waiting starters (heads of three queues retrying at once) and
+    this process ending runs: the key never holds more than its limit, and every start
+    is admitted or refused."""
+    import multiprocessing
+    import queue as queues
+
+    from . import wait_worker
+
+    processes, threads, limit = 3, 6, 3
+    key = fresh_key()
+    tag = f"concurrency:{key}"
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(processes * threads + 1)
+    results = context.Queue()
+    db_name = connection.settings_dict["NAME"]
+    children = [
+        context.Process(
+            target=wait_worker.process_main,
+            args=(db_name, fast_path, key, limit, threads, 20.0, barrier, results),
+        )
+        for _ in range(processes)
+    ]
+    outcomes: list[str] = []
+    over: list[int] = []
+    engine = Engine(store=OrmStore(fast_path=fast_path), enqueue=False)
+    try:
+        for child in children:
+            child.start()
+        barrier.wait(PATIENCE * 2)
+        reported = 0
+        while reported < processes:
+            active = list(
+                RunTag.objects.filter(tag=tag, status__in=ACTIVE_STATUSES).values_list(
+                    "run_id", flat=True
+                )
+            )
+            if len(active) > limit:
+                over.append(len(active))
+            if active:
+                force_status(engine, active[0], RunStatus.COMPLETED)
+            try:
+                outcomes.extend(results.get(timeout=0.01))
+                reported += 1
+            except queues.Empty:
+                pass
+    finally:
+        for child in children:
+            child.join(PATIENCE)
+            if child.is_alive():
+                child.kill()
+    errors = [o for o in outcomes if o not in ("created", "refused")]
+    assert not errors, "\n\n".join(errors)
+    assert not over
+    assert len(outcomes) == processes * threads
+    created = outcomes.count("created")
+    assert created > limit
+    assert RunTag.objects.filter(tag=tag).count() == created
