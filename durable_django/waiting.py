@@ -10,7 +10,8 @@ start. ``wait=None`` or ``0`` is the start of today, at its cost.
   PostgreSQL: ``LISTEN``/``NOTIFY``, see :mod:`durable_django.stores.postgres.listening`)
   is listened to, on a connection of its own opened *before* the next attempt (so a
   release between a refusal and the listening is not missed); the wait for a release
-  never lasts more than :data:`SAFETY_SECONDS`, so a lost notification costs at most that.
+  never lasts more than :data:`SAFETY_SECONDS`, so a lost notification costs at most that;
+  a listener that cannot be opened, or fails, is logged and the start polls instead.
   Elsewhere (SQLite, MariaDB, MySQL, the memory store) the start polls: 50 ms doubling to
   1 s, never past the deadline nor past the refusal's ``retry_after``.
 - **Arrival order in one process**: the starts waiting on a key in one process form a
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import threading
 import time
@@ -41,6 +43,8 @@ from .errors import ConcurrencyLimitError, DurableError
 
 if TYPE_CHECKING:
     from .stores.base import AsyncReleaseListener, BaseStore, ReleaseListener
+
+logger = logging.getLogger(__name__)
 
 #: What ``wait=`` takes: seconds (``int`` or ``float``), a ``timedelta``, or ``None``.
 Wait: TypeAlias = "float | timedelta | None"
@@ -190,6 +194,46 @@ class _Pauses:
         return max(pause, 0.0)
 
 
+def _listener(store: BaseStore, keys: Collection[str]) -> ReleaseListener | None:
+    """The store's listener, or ``None`` to poll: when it has none, or cannot open one."""
+    try:
+        return store.release_listener(keys)
+    except Exception:
+        logger.warning("cannot listen for quota releases; polling instead", exc_info=True)
+        return None
+
+
+def _waited(listener: ReleaseListener, pause: float) -> bool:
+    """Wait on ``listener``; False (and the listener closed) when it failed."""
+    try:
+        listener.wait(pause)
+    except Exception:
+        logger.warning("listening for quota releases failed; polling instead", exc_info=True)
+        with contextlib.suppress(Exception):
+            listener.close()
+        return False
+    return True
+
+
+async def _alistener(store: BaseStore, keys: Collection[str]) -> AsyncReleaseListener | None:
+    try:
+        return await store.arelease_listener(keys)
+    except Exception:
+        logger.warning("cannot listen for quota releases; polling instead", exc_info=True)
+        return None
+
+
+async def _awaited(listener: AsyncReleaseListener, pause: float) -> bool:
+    try:
+        await listener.wait(pause)
+    except Exception:
+        logger.warning("listening for quota releases failed; polling instead", exc_info=True)
+        with contextlib.suppress(Exception):
+            await listener.close()
+        return False
+    return True
+
+
 def start_waiting(
     store: BaseStore, keys: Collection[str], wait: float, attempt: Callable[[], _T]
 ) -> _T:
@@ -219,14 +263,14 @@ def start_waiting(
                 continue
             if not listened:
                 listened = True
-                listener = store.release_listener(keys)
+                listener = _listener(store, keys)
                 pause_first = pause_first and listener is None
             if pause_first and refusal is not None:
                 pause = pauses.next(remaining, refusal, listener is not None)
-                if listener is not None:
-                    listener.wait(pause)
-                else:
+                if listener is None:
                     time.sleep(pause)
+                elif not _waited(listener, pause):
+                    listener = None
                 pause_first = False
                 continue
             try:
@@ -277,14 +321,14 @@ async def astart_waiting(
                 continue
             if not listened:
                 listened = True
-                listener = await store.arelease_listener(keys)
+                listener = await _alistener(store, keys)
                 pause_first = pause_first and listener is None
             if pause_first and refusal is not None:
                 pause = pauses.next(remaining, refusal, listener is not None)
-                if listener is not None:
-                    await listener.wait(pause)
-                else:
+                if listener is None:
                     await asyncio.sleep(pause)
+                elif not await _awaited(listener, pause):
+                    listener = None
                 pause_first = False
                 continue
             try:

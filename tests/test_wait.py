@@ -158,6 +158,32 @@ def test_a_waiter_whose_time_passes_is_refused_and_leaves_nothing(thread_engine:
     assert waiting_count() == 0
 
 
+class UnreachableListenerStore(OrmStore):
+    """The ORM store whose listener's server cannot be reached (a port nothing serves)."""
+
+    def release_listener(self, keys: Any) -> Any:
+        import psycopg
+
+        return psycopg.connect("host=127.0.0.1 port=1 connect_timeout=5")  # refused
+
+
+@pytest.mark.skipif(not on_postgresql, reason="LISTEN/NOTIFY is PostgreSQL's")
+def test_a_listener_that_cannot_open_leaves_the_start_polling(
+    thread_engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = Engine(
+        registry=thread_engine.registry, store=UnreachableListenerStore(), enqueue=False
+    )
+    key = fresh_key()
+    holder = engine.start("wait.echo", {}, concurrency=quota(key))
+    timer = threading.Timer(0.3, finish, (engine, holder.run_id))
+    timer.start()
+    handle = engine.start("wait.echo", {}, concurrency=quota(key), wait=PATIENCE)
+    timer.join()
+    assert handle.created
+    assert "polling instead" in caplog.text
+
+
 def test_the_memory_store_waits_by_polling(memory_engine: Engine) -> None:
     engine = memory_engine
     engine.register("wait.echo", "1", echo)
