@@ -142,6 +142,21 @@ def test_a_waiter_is_admitted_when_a_slot_frees(thread_engine: Engine) -> None:
     assert waiting_count() == 0
 
 
+def test_a_start_of_several_quotas_waits_for_the_full_one(thread_engine: Engine) -> None:
+    engine = thread_engine
+    full, roomy = fresh_key(), fresh_key()
+    holder = engine.start("wait.echo", {}, concurrency=quota(full))
+    both = [quota(roomy, 5), quota(full)]
+    timer = threading.Timer(0.2, finish, (engine, holder.run_id))
+    timer.start()
+    handle = engine.start("wait.echo", {}, concurrency=both, wait=PATIENCE)
+    timer.join()
+    assert handle.created
+    assert tagged(engine, full) == sorted([holder.run_id, handle.run_id])
+    assert tagged(engine, roomy) == [handle.run_id]
+    assert waiting_count() == 0
+
+
 def test_a_waiter_whose_time_passes_is_refused_and_leaves_nothing(thread_engine: Engine) -> None:
     engine = thread_engine
     key = fresh_key()
