@@ -12,6 +12,7 @@ from .errors import DurableError
 from .execution import Context, current_context
 from .registry import WorkflowDefinition, make_definition
 from .starting import BatchStart, RunHandle
+from .waiting import Wait, refuse_in_body
 
 
 class Workflow:
@@ -47,14 +48,20 @@ class Workflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> RunHandle:
         """Create a run and enqueue it on commit; returns its handle at once.
 
+        ``wait`` (seconds or a ``timedelta``): if a quota is full, wait up to that long for
+        a slot, woken when one frees, before raising :class:`ConcurrencyLimitError`.
+
         Inside a running workflow body this starts a child run instead (see
-        ``ctx.start_child``): ``run_id`` is then the child id.
+        ``ctx.start_child``): ``run_id`` is then the child id, and ``wait`` is refused.
         """
         context = _running_body(self, namespace)
         if context is not None:
+            if wait:
+                refuse_in_body()
             return context.start_child_handle(
                 self.definition, input, run_id, concurrency=concurrency, tags=tags
             )
@@ -65,6 +72,7 @@ class Workflow:
             concurrency=concurrency,
             tags=tags,
             namespace=namespace,
+            wait=wait,
         )
 
     async def adispatch(
@@ -75,8 +83,9 @@ class Workflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> RunHandle:
-        """``dispatch`` for async views."""
+        """``dispatch`` for async views; ``wait`` waits without blocking the loop."""
         return await self.engine.astart(
             self.definition,
             input,
@@ -84,6 +93,7 @@ class Workflow:
             concurrency=concurrency,
             tags=tags,
             namespace=namespace,
+            wait=wait,
         )
 
     def dispatch_many(
@@ -138,6 +148,7 @@ class Workflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> Any:
         """Dispatch, wait for the run to settle, and return its output (or raise).
 
@@ -146,9 +157,11 @@ class Workflow:
         """
         context = _running_body(self, namespace)
         if context is not None:
+            if wait:
+                refuse_in_body()
             return context.child(self.definition, input, run_id, concurrency=concurrency, tags=tags)
         handle = self.dispatch(
-            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
+            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace, wait=wait
         )
         return handle.result(timeout=timeout)
 
@@ -161,10 +174,11 @@ class Workflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> Any:
         """``start`` for async code."""
         handle = await self.adispatch(
-            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
+            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace, wait=wait
         )
         return await handle.aresult(timeout=timeout)
 
@@ -215,10 +229,11 @@ class BaseWorkflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> RunHandle:
         """See :meth:`Workflow.dispatch`."""
         return cls._declared().dispatch(
-            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
+            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace, wait=wait
         )
 
     @classmethod
@@ -230,10 +245,11 @@ class BaseWorkflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> RunHandle:
         """See :meth:`Workflow.adispatch`."""
         return await cls._declared().adispatch(
-            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace
+            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace, wait=wait
         )
 
     @classmethod
@@ -276,6 +292,7 @@ class BaseWorkflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> Any:
         """See :meth:`Workflow.start`."""
         return cls._declared().start(
@@ -285,6 +302,7 @@ class BaseWorkflow:
             concurrency=concurrency,
             tags=tags,
             namespace=namespace,
+            wait=wait,
         )
 
     @classmethod
@@ -297,6 +315,7 @@ class BaseWorkflow:
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> Any:
         """See :meth:`Workflow.astart`."""
         return await cls._declared().astart(

@@ -40,6 +40,7 @@ from .stores.base import BaseStore, RunRecord
 from .tick import TickResult as TickResult  # importable from here, as documented
 from .tick import tick
 from .usage import QuotaUsage, quota_usage
+from .waiting import Wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +216,7 @@ class Engine:
         concurrency: quotas.ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> RunHandle:
         """Create a run and enqueue its execution once the transaction commits.
 
@@ -222,11 +224,21 @@ class Engine:
         (``handle.created`` is False) and is never refused. ``concurrency`` (one quota or a
         list) replaces the workflow's quotas for this start. Raises
         :class:`ConcurrencyLimitError` for the first quota, in the list's order, that is
-        full; then nothing is created and nothing is sent. The steps are
+        full; then nothing is created and nothing is sent. ``wait`` (seconds or a
+        ``timedelta``, at most an hour) waits that long for a slot before refusing, woken
+        when one frees (:mod:`durable_django.waiting`); not inside a workflow body nor a
+        transaction on the store's database. The steps are
         :mod:`durable_django.starting`'s.
         """
         return starting.start(
-            self, workflow, input, run_id, concurrency=concurrency, tags=tags, namespace=namespace
+            self,
+            workflow,
+            input,
+            run_id,
+            concurrency=concurrency,
+            tags=tags,
+            namespace=namespace,
+            wait=wait,
         )
 
     async def astart(
@@ -238,10 +250,19 @@ class Engine:
         concurrency: quotas.ConcurrencyOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
+        wait: Wait = None,
     ) -> RunHandle:
-        """``start`` for async code; an async limit function is awaited on the loop."""
+        """``start`` for async code; an async limit function is awaited on the loop, and
+        ``wait`` waits without blocking it."""
         return await starting.astart(
-            self, workflow, input, run_id, concurrency=concurrency, tags=tags, namespace=namespace
+            self,
+            workflow,
+            input,
+            run_id,
+            concurrency=concurrency,
+            tags=tags,
+            namespace=namespace,
+            wait=wait,
         )
 
     def start_many(

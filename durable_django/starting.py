@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from asgiref.sync import sync_to_async
 
 from . import concurrency as quotas
-from . import estimates
+from . import estimates, waiting
 from .errors import ConcurrencyLimitError, DurableError, RunFailed
 from .limits import text_lengths
 from .records import NewRun, RunRecord
@@ -112,11 +112,23 @@ def start(
     concurrency: quotas.ConcurrencyOption = None,
     tags: Iterable[str] = (),
     namespace: str | None = None,
+    wait: waiting.Wait = None,
 ) -> RunHandle:
-    """What :meth:`Engine.start <durable_django.Engine.start>` does."""
+    """What :meth:`Engine.start <durable_django.Engine.start>` does; with ``wait``, a
+    refused start is tried again for up to that long (:mod:`durable_django.waiting`)."""
+    seconds = waiting.seconds(wait)
+    if seconds:
+        waiting.check_may_wait(engine.store)
     definition, input, option = prepare(engine, workflow, input, concurrency)
     resolved = quotas.resolve(option, input, definition.name)
-    return admit(engine, definition, input, resolved, run_id, tags, namespace)
+    if not seconds:
+        return admit(engine, definition, input, resolved, run_id, tags, namespace)
+    return waiting.start_waiting(
+        engine.store,
+        [quota.key for quota in resolved],
+        seconds,
+        lambda: admit(engine, definition, input, resolved, run_id, tags, namespace),
+    )
 
 
 async def astart(
@@ -128,11 +140,25 @@ async def astart(
     concurrency: quotas.ConcurrencyOption = None,
     tags: Iterable[str] = (),
     namespace: str | None = None,
+    wait: waiting.Wait = None,
 ) -> RunHandle:
-    """:func:`start` for async code: an async limit function is awaited on the loop."""
+    """:func:`start` for async code: an async limit function is awaited on the loop, and
+    a start with ``wait`` waits without blocking it."""
+    seconds = waiting.seconds(wait)
+    if seconds:
+        waiting.refuse_in_body()
+        await sync_to_async(waiting.check_may_wait)(engine.store)
     definition, input, option = prepare(engine, workflow, input, concurrency)
     resolved = await quotas.aresolve(option, input, definition.name)
-    return await sync_to_async(admit)(engine, definition, input, resolved, run_id, tags, namespace)
+    attempt = sync_to_async(admit)
+    if not seconds:
+        return await attempt(engine, definition, input, resolved, run_id, tags, namespace)
+    return await waiting.astart_waiting(
+        engine.store,
+        [quota.key for quota in resolved],
+        seconds,
+        lambda: attempt(engine, definition, input, resolved, run_id, tags, namespace),
+    )
 
 
 def start_child(

@@ -27,6 +27,7 @@ FUNCTIONS_MIGRATIONS = [
     FUNCTIONS_MIGRATION,
     (APP, "0003_quota_weights"),
     (APP, "0004_start_runs_function"),
+    (APP, "0005_quota_release_notify"),
 ]
 LATEST = FUNCTIONS_MIGRATIONS[-1]
 

@@ -9,8 +9,11 @@ read it with the broker's own client.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.db import transaction
@@ -153,6 +156,41 @@ def test_a_refused_start_sends_no_message(idle_queue: str, broker: Broker) -> No
     assert set(Run.objects.values_list("status", flat=True)) == {RunStatus.PENDING}
     assert RunTag.objects.count() == 3
     assert RunTag.objects.filter(tag=quota_tag(key)).count() == 3
+
+
+def test_a_waiting_start_is_admitted_when_the_worker_ends_the_holder(sending: Worker) -> None:
+    """``wait=``: the holder is sent only once the start waits; the worker's turn ending it
+    frees the slot, and the waiting start is admitted and executed in its turn."""
+    from django.db import connections
+
+    from durable_django.waiting import waiting_count
+
+    quota = {"key": f"tenant:{uuid.uuid4().hex}", "limit": 1}
+    with override_settings(DURABLE={"ENQUEUE": False, "QUEUE": sending.queue}):
+        holder = total.dispatch({"a": 1, "b": 1}, concurrency=quota)  # not sent yet
+    waited: list[Any] = []
+
+    def waiter() -> None:
+        try:
+            waited.append(total.dispatch({"a": 2, "b": 2}, concurrency=quota, wait=60))
+        except BaseException as error:
+            waited.append(error)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while waiting_count() == 0 and not waited:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert not waited  # still waiting: the holder has not run
+    default_engine.send(holder.run_id, sending.queue)
+    thread.join(60)
+    (handle,) = waited
+    assert sending.result(holder) == {"total": 2}
+    assert sending.result(handle) == {"total": 4}
+    assert RunTag.objects.filter(tag=quota_tag(quota["key"])).count() == 2
 
 
 def test_nothing_is_sent_before_the_start_commits(idle_queue: str, broker: Broker) -> None:

@@ -12,6 +12,7 @@ which fails the check.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any, assert_type
 
 import durable_django
@@ -130,6 +131,8 @@ def starts(engine: Engine) -> None:
         RunHandle,
     )
     assert_type(engine.start("typing.total", {"a": 1}, namespace="n"), RunHandle)
+    assert_type(total.dispatch({"a": 1}, wait=5), RunHandle)
+    assert_type(engine.start("typing.total", {"a": 1}, wait=timedelta(seconds=2)), RunHandle)
     assert_type(durable_django.engine, Engine)
     assert_type(engine.retry("r1"), RunHandle)
     handle = total.dispatch()
@@ -162,12 +165,14 @@ async def async_starts() -> None:
     assert_type(await Report.adispatch(None), RunHandle)
     assert_type(await total.adispatch_many([{"a": 1}]), BatchStart)
     assert_type(await Report.adispatch_many([None], tags=["t"]), BatchStart)
+    assert_type(await Report.adispatch(None, wait=0.5), RunHandle)
 
 
 def misuses(engine: Engine) -> None:
     total.dispatch({"a": 1}, concurency={"key": "k", "limit": 1})  # type: ignore[call-arg]
     Report.start(None, timout=5)  # type: ignore[call-arg]
     engine.start("typing.total", {"a": 1}, queue="fast")  # type: ignore[call-arg]
+    total.dispatch({"a": 1}, wait="5")  # type: ignore[arg-type]
     total.dispatch({"a": 1}, run_id=1)  # type: ignore[arg-type]
     total.dispatch_many([{"a": 1}], run_id="r1")  # type: ignore[call-arg]
     Concurrency("k", limit="8")  # type: ignore[arg-type]

@@ -40,8 +40,10 @@ if TYPE_CHECKING:
     from django.core.checks import CheckMessage
 
 __all__ = [
+    "AsyncReleaseListener",
     "BaseStore",
     "NewRun",
+    "ReleaseListener",
     "RunRecord",
     "StartOutcome",
     "StartRequest",
@@ -503,6 +505,24 @@ class BaseStore(abc.ABC):
         the run that took them) overrides it."""
         return 0
 
+    # waiting for a slot ---------------------------------------------------------------
+
+    def in_transaction(self) -> bool:
+        """Whether the calling thread is inside a transaction of this store's (where a
+        start may not wait for a slot: its locks are held, and it may not see releases).
+        The default says no."""
+        return False
+
+    def release_listener(self, keys: Collection[str]) -> ReleaseListener | None:
+        """A listener told when a slot of one of quota ``keys`` frees (a run leaves a
+        counted status), already listening when returned; or ``None`` when the store
+        cannot tell, and a waiting start polls. The default is ``None``."""
+        return None
+
+    async def arelease_listener(self, keys: Collection[str]) -> AsyncReleaseListener | None:
+        """:meth:`release_listener` for async code. The default is ``None``."""
+        return None
+
     # the store's environment ------------------------------------------------------------
 
     def connection_lost(self, error: BaseException) -> bool:
@@ -516,6 +536,37 @@ class BaseStore(abc.ABC):
         asks the default engine's store, with ``databases``, the aliases of
         ``--database``). The default has none."""
         return []
+
+
+class ReleaseListener(abc.ABC):
+    """Told when a slot of its keys frees: :meth:`wait` until then, :meth:`close` at the
+    end (or use it as a context manager)."""
+
+    @abc.abstractmethod
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a release; True if one came."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop listening and free what the listener holds."""
+
+    def __enter__(self) -> ReleaseListener:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncReleaseListener(abc.ABC):
+    """:class:`ReleaseListener` for async code."""
+
+    @abc.abstractmethod
+    async def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a release, without blocking the loop."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop listening and free what the listener holds."""
 
 
 #: The store contract's former name, when it was a ``Protocol``: an alias of

@@ -52,7 +52,9 @@ from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..retention import active_ancestors
 from ..status import TERMINAL_STATUSES, RunStatus
 from .base import (
+    AsyncReleaseListener,
     BaseStore,
+    ReleaseListener,
     StartRequest,
     batch_index,
     check_batch_ids,
@@ -374,6 +376,23 @@ class OrmStore(BaseStore):
             return outcomes
 
     # runs ---------------------------------------------------------------------------
+
+    def in_transaction(self) -> bool:
+        return connections[self.using].in_atomic_block
+
+    def release_listener(self, keys: Collection[str]) -> ReleaseListener | None:
+        if connections[self.using].vendor != "postgresql":
+            return None
+        from .postgres.listening import PostgresReleaseListener
+
+        return PostgresReleaseListener(self.using, keys)
+
+    async def arelease_listener(self, keys: Collection[str]) -> AsyncReleaseListener | None:
+        if connections[self.using].vendor != "postgresql":
+            return None
+        from .postgres.listening import AsyncPostgresReleaseListener
+
+        return await AsyncPostgresReleaseListener.open(self.using, keys)
 
     def _runs(self) -> RunQuerySet:
         return Run.objects.using(self.using)

@@ -539,5 +539,18 @@ BEGIN
             p_read_namespace
         ) AS s;
     END LOOP;
+
+-- A quota slot's release, for the starts waiting for one (wait=): the trigger function of
+-- durable_run_tag's triggers durable_quota_release (a quota tag leaving an active status)
+-- and durable_quota_release_delete (one deleted while active), installed with it by
+-- migration 0005_quota_release_notify. It notifies, on the channel of the tag
+-- ('durable_quota_' and the first 16 hex digits of its md5), with the tag as payload: a
+-- waiter LISTENs to its keys' channels only. PostgreSQL sends the notification when the
+-- transition's transaction commits, and never when it rolls back.
+CREATE OR REPLACE FUNCTION durable_quota_release_notify_v1() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('durable_quota_' || left(md5(OLD.tag), 16), OLD.tag);
+    RETURN NULL;
 END
 $$;

@@ -3,6 +3,8 @@ as Django's ``django.contrib.postgres.operations.CreateExtension`` is.
 
 - :class:`InstallFunctions` installs functions of ``functions.sql`` (and drops them
   backwards);
+- :class:`InstallReleaseTriggers` installs the triggers notifying a quota slot's release
+  (and drops them backwards);
 - :class:`RemoveLikeIndexes` keeps out the ``varchar_pattern_ops`` indexes (``..._like``)
   Django makes on PostgreSQL beside the index of a ``CharField``.
 """
@@ -15,6 +17,8 @@ from typing import Any
 from django.db import router
 from django.db.migrations.operations.base import Operation, OperationCategory
 
+from ...lifecycle import ACTIVE_STATUSES
+from ...limits import TAG_PREFIX
 from . import function_definitions
 
 
@@ -71,6 +75,85 @@ class InstallFunctions(Operation):
     @property
     def migration_name_fragment(self) -> str:
         return "postgresql_functions"
+
+
+class InstallReleaseTriggers(Operation):
+    """Install, on a PostgreSQL database where the routers let the app migrate, the
+    triggers of ``durable_run_tag`` calling ``function`` (which the same migration
+    installs first) for each quota tag (``concurrency:...``) leaving an active status:
+
+    - ``durable_quota_release``: ``AFTER UPDATE OF status``, for a row whose status moves
+      from an active status to a finished one;
+    - ``durable_quota_release_delete``: ``AFTER DELETE``, for a row deleted while active.
+
+    Backwards, drop them. Other databases get nothing.
+    """
+
+    reversible = True
+    category = OperationCategory.ADDITION
+
+    TRIGGERS = ("durable_quota_release", "durable_quota_release_delete")
+
+    def __init__(self, function: str, hints: dict[str, Any] | None = None) -> None:
+        if function not in function_definitions():
+            raise ValueError(f"InstallReleaseTriggers: functions.sql does not define {function!r}")
+        self.function = function
+        self.hints = hints or {}
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        pass
+
+    def _table(self, app_label: str, schema_editor: Any, state: Any) -> str | None:
+        """The quoted table of the run tags, or ``None`` where the operation is not made."""
+        connection = schema_editor.connection
+        model = state.apps.get_model(app_label, "RunTag")
+        if connection.vendor != "postgresql" or not self.allow_migrate_model(
+            connection.alias, model
+        ):
+            return None
+        return str(schema_editor.quote_name(model._meta.db_table))
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        table = self._table(app_label, schema_editor, to_state)
+        if table is None:
+            return
+        active = ", ".join(f"'{status}'" for status in ACTIVE_STATUSES)
+        quota = f"OLD.tag LIKE '{TAG_PREFIX}%'"
+        function = schema_editor.quote_name(self.function)
+        update, delete = (schema_editor.quote_name(name) for name in self.TRIGGERS)
+        schema_editor.execute(
+            f"CREATE TRIGGER {update} AFTER UPDATE OF status ON {table} FOR EACH ROW "
+            f"WHEN (OLD.status IN ({active}) AND NEW.status NOT IN ({active}) AND {quota}) "
+            f"EXECUTE FUNCTION {function}()",
+            params=None,
+        )
+        schema_editor.execute(
+            f"CREATE TRIGGER {delete} AFTER DELETE ON {table} FOR EACH ROW "
+            f"WHEN (OLD.status IN ({active}) AND {quota}) "
+            f"EXECUTE FUNCTION {function}()",
+            params=None,
+        )
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        table = self._table(app_label, schema_editor, from_state)
+        if table is None:
+            return
+        for name in self.TRIGGERS:
+            schema_editor.execute(
+                f"DROP TRIGGER IF EXISTS {schema_editor.quote_name(name)} ON {table}",
+                params=None,
+            )
+
+    def describe(self) -> str:
+        return f"Install the triggers notifying quota releases through {self.function}"
+
+    @property
+    def migration_name_fragment(self) -> str:
+        return "quota_release_notify"
 
 
 class RemoveLikeIndexes(Operation):
