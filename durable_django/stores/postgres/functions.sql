@@ -539,6 +539,8 @@ BEGIN
             p_read_namespace
         ) AS s;
     END LOOP;
+END
+$$;
 
 -- A quota slot's release, for the starts waiting for one (wait=): the trigger function of
 -- durable_run_tag's triggers durable_quota_release (a quota tag leaving an active status)
