@@ -236,10 +236,10 @@ def main() -> None:
         med = statistics.median(per_round)
         q1, _, q3 = statistics.quantiles(per_round, n=4) if len(per_round) > 1 else (med,) * 3
         verdict = f"  goal >= {GOAL}: {'met' if med >= GOAL else 'MISSED'}" if name != "d" else ""
+        extra = statistics.median(variants[name].cpu) - statistics.median(variants["a"].cpu)
         print(
             f"speed {name}/a = {med:.3f}  (per-round IQR {q1:.3f}-{q3:.3f}; "
-            f"CPU {statistics.median(variants[name].cpu) - statistics.median(variants['a'].cpu):+.0f}"
-            f" µs/start vs a){verdict}"
+            f"CPU {extra:+.0f} µs/start vs a){verdict}"
         )
     complete_runs()
 

@@ -13,10 +13,12 @@ Each operation takes one of two paths:
   Each is one round trip, one statement for its caller, planned once per connection;
 - elsewhere (SQLite, MySQL/MariaDB), and for what no function covers (a step's record
   replacing a failed one, a claim or a transition setting other columns), the portable
-  path: the ORM's queries in one transaction. A start locks its keys' ``QuotaLock`` rows
-  (on SQLite one upsert, which takes the database's write lock; on MySQL/MariaDB one
-  ``UPDATE`` of the rows in key order, inserted and committed beforehand when a key is
-  new), then checks for an existing run, counts every key in one query and inserts. On
+  path: the ORM's queries in one transaction; a start's are parameterised statements
+  written once per database vendor (:class:`PortableSql`). A start locks its keys'
+  ``QuotaLock`` rows (on SQLite one upsert, which takes the database's write lock; on
+  MySQL/MariaDB one ``UPDATE`` of the rows in key order, inserted and committed
+  beforehand when a key is new), then checks for an existing run, counts every key in one
+  query and inserts. On
   PostgreSQL the portable path (``fast_path=False``, and retries) takes the function's
   advisory locks instead (``durable_lock_quota_key_v1``, ``durable_lock_quota_keys_v1``),
   so the two paths serialise against each other.
@@ -1034,10 +1036,10 @@ def portable_sql(connection: BaseDatabaseWrapper) -> PortableSql:
     q = connection.ops.quote_name
     table = q(Run._meta.db_table)
     others = [f for f in Run._meta.concrete_fields if f.column not in _STARTED_COLUMNS]
-    columns = [*_STARTED_COLUMNS, *(f.column for f in others)]
+    columns = [*_STARTED_COLUMNS, *(f.column or f.name for f in others)]
     found = PortableSql(
         quote=q,
-        existing=(f"SELECT {q('workflow')}, {q('namespace')} FROM {table} WHERE {q('id')} = %s"),
+        existing=f"SELECT {q('workflow')}, {q('namespace')} FROM {table} WHERE {q('id')} = %s",
         insert_run=(
             f"INSERT INTO {table} ({', '.join(q(c) for c in columns)}) "
             f"VALUES ({', '.join(['%s'] * len(columns))})"
