@@ -15,10 +15,12 @@ Each operation takes one of two paths:
   Each is one round trip, one statement for its caller, planned once per connection;
 - elsewhere (SQLite, MySQL/MariaDB), and for what no function covers (a step's record
   replacing a failed one, a claim or a transition setting other columns), the portable
-  path: the ORM's queries in one transaction. A start locks its keys' ``QuotaLock`` rows
-  (on SQLite one upsert, which takes the database's write lock; on MySQL/MariaDB one
-  ``UPDATE`` of the rows in key order, inserted and committed beforehand when a key is
-  new), then checks for an existing run, counts every key in one query and inserts. On
+  path: the ORM's queries in one transaction; a start's are parameterised statements
+  written once per database vendor (:class:`PortableSql`). A start locks its keys'
+  ``QuotaLock`` rows (on SQLite one upsert, which takes the database's write lock; on
+  MySQL/MariaDB one ``UPDATE`` of the rows in key order, inserted and committed
+  beforehand when a key is new), then checks for an existing run, counts every key in one
+  query and inserts. On
   PostgreSQL the portable path (``fast_path=False``, and retries) takes the function's
   advisory locks instead (``durable_lock_quota_key_v1``, ``durable_lock_quota_keys_v1``),
   so the two paths serialise against each other.
@@ -40,7 +42,7 @@ from django.core.checks import CheckMessage
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import JSONField, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import JSONField, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
 from ..concurrency import Quota
@@ -58,9 +60,11 @@ from .base import (
     StartRequest,
     batch_index,
     check_batch_ids,
+    check_quotas,
     existing_outcome,
     is_holders_check,
     quota_list,
+    quota_transaction,
 )
 from .database_checks import collation_errors, database_warnings
 
@@ -159,14 +163,15 @@ class OrmStore(BaseStore):
                         cursor.execute(_LOCK_KEYS_SQL, [ordered])
                 yield
                 return
-            features = connection.features
-            now = timezone.now()
-            QuotaLock.objects.using(self.using).bulk_create(
-                [QuotaLock(key=key, last_start_at=now) for key in ordered],
-                update_conflicts=True,
-                update_fields=["last_start_at"],
-                unique_fields=(["key"] if features.supports_update_conflicts_with_target else None),
-            )
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    portable_sql(connection).upsert_locks(len(ordered)),
+                    [
+                        value
+                        for key in ordered
+                        for value in (key, connection.ops.adapt_datetimefield_value(timezone.now()))
+                    ],
+                )
             yield
 
     @contextlib.contextmanager
@@ -184,10 +189,7 @@ class OrmStore(BaseStore):
         never wait on each other in a cycle.
         """
         connection = connections[self.using]
-        lock_rows = QuotaLock.objects.using(self.using)
-        rows = lock_rows.filter(key=keys[0]) if len(keys) == 1 else lock_rows.filter(key__in=keys)
-        if len(keys) > 1:
-            rows = rows.order_by("key")
+        rows = QuotaLock.objects.using(self.using).filter(key__in=keys)
         if in_callers_transaction(connection):
             with transaction.atomic(using=self.using):
                 if len(keys) > 1:
@@ -196,7 +198,7 @@ class OrmStore(BaseStore):
                     existing = set(rows.values_list("key", flat=True))
                     missing = [key for key in keys if key not in existing]
                 else:
-                    missing = [] if rows.update(last_start_at=timezone.now()) else keys
+                    missing = [] if update_lock_rows(connection, keys) else keys
                 if missing or len(keys) > 1:
                     if missing:
                         own = type(connection)(connection.settings_dict, connection.alias)
@@ -205,17 +207,17 @@ class OrmStore(BaseStore):
                                 insert_lock_row(own, key)
                         finally:
                             own.close()
-                    _lock_inserted_rows(rows, keys)
+                    _lock_inserted_rows(connection, keys)
                 yield
             return
         with transaction.atomic(using=self.using):
-            if rows.update(last_start_at=timezone.now()) == len(keys):
+            if update_lock_rows(connection, keys) == len(keys):
                 yield
                 return
         for key in keys:
             insert_lock_row(connection, key)
         with transaction.atomic(using=self.using):
-            _lock_inserted_rows(rows, keys)
+            _lock_inserted_rows(connection, keys)
             yield
 
     # starting -----------------------------------------------------------------------
@@ -263,15 +265,36 @@ class OrmStore(BaseStore):
         if self._fast():
             return self._start_on_postgresql(run, quotas, check_existing, read_namespace)
         try:
-            return super().start_run(
-                run, quotas, check_existing=check_existing, read_namespace=read_namespace
-            )
+            return self._start_portable(run, quotas, check_existing, read_namespace)
         except IntegrityError:
             # A concurrent start without a quota lock inserted the same run id first.
             existing = self.get_run(run.run_id) if check_existing else None
             if existing is None:
                 raise
             return existing_outcome(run, existing.workflow, existing.namespace, read_namespace)
+
+    def _start_portable(
+        self,
+        run: NewRun,
+        quotas: tuple[Quota, ...],
+        check_existing: bool,
+        read_namespace: str | None,
+    ) -> StartOutcome:
+        """``BaseStore.start_run``'s steps, in its order, each one prepared statement on
+        the connection's cursor: the keys' locks (:meth:`quota_locks`), the existing run's
+        workflow and namespace, every key's units in one query, the run, and its tags in
+        one multi-row insert."""
+        connection = connections[self.using]
+        sql = portable_sql(connection)
+        with quota_transaction(self, quotas), connection.cursor() as cursor:
+            if check_existing:
+                cursor.execute(sql.existing, [run.run_id])
+                found = cursor.fetchone()
+                if found is not None:
+                    return existing_outcome(run, found[0], found[1], read_namespace)
+            check_quotas(self, quotas, run.workflow, read_namespace)
+            insert_run(connection, cursor, run)
+        return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
 
     def _start_on_postgresql(
         self,
@@ -476,10 +499,14 @@ class OrmStore(BaseStore):
         return rows.count()
 
     def quota_units(self, quotas: Sequence[Quota], namespace: str | None) -> list[int]:
-        """Every quota's units in one query (``RunTagQuerySet.units``)."""
-        return RunTag.objects.using(self.using).units(
-            [(quota.tag, quota.count_statuses) for quota in quotas], namespace
-        )
+        """Every quota's units in one query (``RunTagQuerySet.units``; elsewhere than on
+        PostgreSQL, its statement written once per shape and sent on the cursor)."""
+        connection = connections[self.using]
+        if connection.vendor == "postgresql":
+            return RunTag.objects.using(self.using).units(
+                [(quota.tag, quota.count_statuses) for quota in quotas], namespace
+            )
+        return units_query(connection, quotas, namespace)
 
     def transition(
         self,
@@ -899,8 +926,8 @@ def insert_lock_row(connection: BaseDatabaseWrapper, key: str) -> None:
         pass
 
 
-def _lock_inserted_rows(rows: QuerySet[QuotaLock], keys: list[str]) -> None:
-    if rows.update(last_start_at=timezone.now()) != len(keys):
+def _lock_inserted_rows(connection: BaseDatabaseWrapper, keys: list[str]) -> None:
+    if update_lock_rows(connection, keys) != len(keys):
         raise DurableError(
             f"a quota key of {keys!r} has no lock row although one was just inserted: "
             "durable_quota_lock rows must not be deleted"
@@ -1028,3 +1055,178 @@ def _record(row: Run, tags: list[str] | None = None) -> RunRecord:
         lease_expires_at=row.lease_expires_at,
         weights=weights,
     )
+
+
+# the portable start's statements ------------------------------------------------------
+
+
+#: The run's columns a start gives; the others take their field's default.
+_STARTED_COLUMNS = (
+    "id",
+    "workflow",
+    "version",
+    "namespace",
+    "status",
+    "queue",
+    "input",
+    "parent_id",
+    "attempt",
+    "created_at",
+    "updated_at",
+)
+
+
+@dataclasses.dataclass
+class PortableSql:
+    """The portable start's statements for one database vendor, written once (names
+    quoted by the connection's ``quote_name``, every value a parameter), and the run's
+    other columns' defaults as that vendor takes them."""
+
+    quote: Callable[[str], str]
+    existing: str
+    insert_run: str
+    run_defaults: list[Any]
+    _by_shape: dict[tuple[Any, ...], str] = dataclasses.field(default_factory=dict)
+
+    def insert_tags(self, count: int) -> str:
+        """The multi-row insert of ``count`` tags of one run."""
+        key = ("tags", count)
+        if key not in self._by_shape:
+            q = self.quote
+            columns = ", ".join(q(c) for c in ("run_id", "tag", "status", "namespace", "weight"))
+            rows = ", ".join(["(%s, %s, %s, %s, %s)"] * count)
+            self._by_shape[key] = (
+                f"INSERT INTO {q(RunTag._meta.db_table)} ({columns}) VALUES {rows}"
+            )
+        return self._by_shape[key]
+
+    def units(self, tags: int, statuses: int, namespace: bool) -> str:
+        """Every tag's units, by tag and status: ``RunTagQuerySet.units``'s query."""
+        key = ("units", tags, statuses, namespace)
+        if key not in self._by_shape:
+            q = self.quote
+            tag, status = q("tag"), q("status")
+            self._by_shape[key] = (
+                f"SELECT {tag}, {status}, SUM({q('weight')}) FROM {q(RunTag._meta.db_table)} "
+                f"WHERE {tag} IN ({', '.join(['%s'] * tags)}) "
+                f"AND {status} IN ({', '.join(['%s'] * statuses)})"
+                + (f" AND {q('namespace')} = %s" if namespace else "")
+                + f" GROUP BY {tag}, {status}"
+            )
+        return self._by_shape[key]
+
+    def update_locks(self, count: int) -> str:
+        """The ``UPDATE`` of ``count`` lock rows, in key order (``ORDER BY`` on
+        MySQL/MariaDB, where an ``UPDATE`` takes one)."""
+        key = ("locks", count)
+        if key not in self._by_shape:
+            q = self.quote
+            self._by_shape[key] = (
+                f"UPDATE {q(QuotaLock._meta.db_table)} SET {q('last_start_at')} = %s "
+                + (
+                    f"WHERE {q('key')} = %s"
+                    if count == 1
+                    else f"WHERE {q('key')} IN ({', '.join(['%s'] * count)}) ORDER BY {q('key')}"
+                )
+            )
+        return self._by_shape[key]
+
+    def upsert_locks(self, count: int) -> str:
+        """SQLite's upsert of ``count`` lock rows."""
+        key = ("upsert", count)
+        if key not in self._by_shape:
+            q = self.quote
+            last = q("last_start_at")
+            self._by_shape[key] = (
+                f"INSERT INTO {q(QuotaLock._meta.db_table)} ({q('key')}, {last}) "
+                f"VALUES {', '.join(['(%s, %s)'] * count)} "
+                f"ON CONFLICT ({q('key')}) DO UPDATE SET {last} = excluded.{last}"
+            )
+        return self._by_shape[key]
+
+
+_PORTABLE_SQL: dict[str, PortableSql] = {}
+
+
+def portable_sql(connection: BaseDatabaseWrapper) -> PortableSql:
+    """The :class:`PortableSql` of ``connection``'s vendor, written on first use."""
+    found = _PORTABLE_SQL.get(connection.vendor)
+    if found is not None:
+        return found
+    q = connection.ops.quote_name
+    table = q(Run._meta.db_table)
+    others = [f for f in Run._meta.concrete_fields if f.column not in _STARTED_COLUMNS]
+    columns = [*_STARTED_COLUMNS, *(f.column or f.name for f in others)]
+    found = PortableSql(
+        quote=q,
+        existing=f"SELECT {q('workflow')}, {q('namespace')} FROM {table} WHERE {q('id')} = %s",
+        insert_run=(
+            f"INSERT INTO {table} ({', '.join(q(c) for c in columns)}) "
+            f"VALUES ({', '.join(['%s'] * len(columns))})"
+        ),
+        run_defaults=[f.get_db_prep_save(f.get_default(), connection) for f in others],
+    )
+    _PORTABLE_SQL[connection.vendor] = found
+    return found
+
+
+def insert_run(connection: BaseDatabaseWrapper, cursor: Any, run: NewRun) -> None:
+    """Insert the pending ``run`` and its tags (weighing ``run.weights``) on ``cursor``:
+    two statements, the tags in one multi-row insert."""
+    sql = portable_sql(connection)
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    cursor.execute(
+        sql.insert_run,
+        [
+            run.run_id,
+            run.workflow,
+            run.version,
+            run.namespace,
+            RunStatus.PENDING.value,
+            run.queue,
+            model_field(Run, "input", JSONField).get_db_prep_save(run.input, connection),
+            run.parent_id,
+            run.attempt,
+            now,
+            now,
+            *sql.run_defaults,
+        ],
+    )
+    if run.tags:
+        pending = RunStatus.PENDING.value
+        cursor.execute(
+            sql.insert_tags(len(run.tags)),
+            [
+                value
+                for tag in run.tags
+                for value in (run.run_id, tag, pending, run.namespace, run.weights.get(tag, 1))
+            ],
+        )
+
+
+def units_query(
+    connection: BaseDatabaseWrapper, quotas: Sequence[Quota], namespace: str | None
+) -> list[int]:
+    """``RunTagQuerySet.units`` for ``quotas``, its statement sent on the cursor."""
+    wanted = [(quota.tag, list(dict.fromkeys(quota.count_statuses))) for quota in quotas]
+    tags = list(dict.fromkeys(tag for tag, _ in wanted))
+    statuses = list(dict.fromkeys(status for _, s in wanted for status in s))
+    if not tags or not statuses:
+        return [0 for _ in wanted]
+    params: list[Any] = [*tags, *statuses]
+    if namespace is not None:
+        params.append(namespace)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            portable_sql(connection).units(len(tags), len(statuses), namespace is not None), params
+        )
+        found = {(tag, status): units for tag, status, units in cursor.fetchall()}
+    return [int(sum(found.get((tag, status), 0) for status in s)) for tag, s in wanted]
+
+
+def update_lock_rows(connection: BaseDatabaseWrapper, keys: Sequence[str]) -> int:
+    """``UPDATE`` the lock rows of ``keys`` (sorted) in key order; how many it found."""
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    with connection.cursor() as cursor:
+        cursor.execute(portable_sql(connection).update_locks(len(keys)), [now, *keys])
+        return int(cursor.rowcount)
