@@ -60,11 +60,21 @@ def close_dropped_connections() -> None:
 def connection_lost(error: BaseException, using: str) -> bool:
     """Whether ``error`` is the database ``using`` going away (a restart, a failover, a
     network cut: its connection no longer answers), not the database refusing one
-    statement, after which the connection goes on working."""
+    statement, after which the connection goes on working. Safe to ask inside the
+    transaction the error happened in."""
     if not isinstance(error, DatabaseError):
         return False
     connection = connections[using]
-    return connection.connection is None or not connection.is_usable()
+    raw = connection.connection
+    if raw is None:
+        return True
+    # psycopg marks a connection whose server went away; asking it needs no query, so the
+    # answer holds inside a transaction a refused statement aborted (where a probe query
+    # fails on a connection that still works).
+    broken = getattr(raw, "broken", None)
+    if isinstance(broken, bool):
+        return broken or bool(raw.closed)
+    return not connection.is_usable()
 
 
 def one_line(error: BaseException) -> str:

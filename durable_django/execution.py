@@ -356,7 +356,9 @@ class Context:
         unwritten, self.unwritten = self.unwritten, None
         what = f"the result of step {step.name!r}"
         try:
-            with _reaching(store), _transaction_of(store):
+            # The connection is judged inside the transaction, before its end replaces a
+            # dropped connection with a new one: a lost database hands the run back.
+            with _transaction_of(store), _reaching(store):
                 result = json_copy(_outside_body(fn, *args, **kwargs), what)
                 # After fn: the run's row is locked (FOR SHARE) only until the commit.
                 record = dataclasses.replace(step, result=result)

@@ -278,3 +278,29 @@ def test_a_transactional_step_name_is_checked_on_replay(orm_engine: Engine):
     run = orm_engine.get_run(handle.run_id)
     assert run.status == RunStatus.FAILED
     assert run.error["type"].endswith("NonDeterminismError")
+
+
+def test_a_record_the_database_refuses_rolls_back_the_writes_and_ends_the_run(
+    orm_engine: Engine, token: str
+):
+    """The database refuses the step's record (a trigger): ``fn``'s writes are undone with
+    it, the step fails as a raising ``fn`` would, and the run ends, its slot free."""
+    from .database_refusal import MESSAGE, refusing
+
+    def charge() -> str:
+        Signal.objects.create(token=token, payload={})
+        return "charged"
+
+    def body(ctx, input):
+        return ctx.transaction("charge", charge)
+
+    orm_engine.register("wf", "1", body, concurrency={"key": lambda i: "tx:refused", "limit": 1})
+    handle = orm_engine.start("wf", {})
+    with refusing("durable_step", "INSERT", "NEW.name = 'charge'"):
+        assert run_until_idle(orm_engine) == 1
+    run = orm_engine.get_run(handle.run_id)
+    assert run.status == RunStatus.FAILED
+    assert MESSAGE in str(run.error)
+    assert written(token) == 0
+    assert all(usage.active == 0 for usage in orm_engine.quota_usage("tx:refused"))
+    assert orm_engine.start("wf", {}).created

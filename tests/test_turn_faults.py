@@ -9,6 +9,7 @@ away). On PostgreSQL and MariaDB; SQLite has no server to lose.
 from __future__ import annotations
 
 import datetime
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -117,3 +118,37 @@ def test_a_database_that_stays_away_leaves_the_run_to_its_lease(engine, proxy, t
     assert (run.status, run.output) == (RunStatus.COMPLETED, "done")
     assert calls == ["a", "a"]
     assert run.finished_at is not None and run.finished_at <= timezone.now()
+
+
+def test_a_transactional_step_whose_database_drops_runs_again_and_commits_once(engine, proxy):
+    """The connection drops inside ``ctx.transaction``, after ``fn`` wrote: its writes and
+    its record are lost together, the run is handed back, and its next turn commits both."""
+    from durable_django.models import Signal
+
+    token = f"tx:{uuid.uuid4().hex}"
+    calls: list[str] = []
+
+    def charge() -> str:
+        calls.append("charge")
+        Signal.objects.using(ALIAS).create(token=token, payload={})
+        if len(calls) == 1:
+            proxy.drop()
+        return "charged"
+
+    def body(ctx: Any, input: Any) -> str:
+        return ctx.transaction("charge", charge)
+
+    engine.register("faults.transaction", "1", body)
+    run_id = engine.start("faults.transaction", {}).run_id
+
+    assert engine.execute(run_id)
+    run = engine.get_run(run_id)
+    assert (run.status, run.error, run.lease_owner) == (RunStatus.PENDING, None, "")
+    assert engine.store.get_steps(run_id) == []
+    assert Signal.objects.filter(token=token).count() == 0
+
+    assert engine.execute(run_id)
+    run = engine.get_run(run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "charged")
+    assert calls == ["charge", "charge"]
+    assert Signal.objects.filter(token=token).count() == 1  # committed once

@@ -318,6 +318,29 @@ def test_a_rolled_back_batch_leaves_no_run_and_no_message(idle_queue: str, broke
     assert broker.queued_count(idle_queue) == 0
 
 
+def test_a_batch_the_database_refuses_leaves_no_run_and_no_message(
+    idle_queue: str, broker: Broker
+) -> None:
+    """The database refuses the third run's insert (a trigger): the whole batch is undone,
+    nothing is sent, and the same batch starts whole once the database takes it."""
+    from django.db import DatabaseError
+
+    from .database_refusal import MESSAGE, refusing
+
+    prefix = uuid.uuid4().hex[:8]
+    run_ids = [f"{prefix}-{n}" for n in range(4)]
+    inputs = [{"a": n, "b": 0} for n in range(4)]
+    refused = refusing("durable_run", "INSERT", f"NEW.id = '{run_ids[2]}'")
+    with refused, pytest.raises(DatabaseError, match=MESSAGE):
+        total.dispatch_many(inputs, run_ids=run_ids)
+    assert Run.objects.count() == RunTag.objects.count() == 0
+    assert broker.queued_count(idle_queue) == 0
+
+    batch = total.dispatch_many(inputs, run_ids=run_ids)
+    assert [handle.run_id for handle in batch.started] == run_ids
+    assert broker.queued_run_ids(idle_queue) == run_ids
+
+
 def test_a_batchs_runs_are_executed_by_the_worker(sending: Worker) -> None:
     key = f"tenant:{uuid.uuid4().hex}"
     batch = total.dispatch_many(
