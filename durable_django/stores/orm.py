@@ -237,23 +237,14 @@ class OrmStore(BaseStore):
         caller's, which the database rolled back whole: then the error is raised, with a
         note saying so.
         """
-        connection = connections[self.using]
         quotas = quota_list(quotas)
         attempt = 1
         while True:
             try:
                 return self._start(run, quotas, check_existing, read_namespace)
             except OperationalError as error:
-                if not is_deadlock(error) or attempt >= START_ATTEMPTS:
-                    raise
-                if in_callers_transaction(connection):
-                    error.add_note(
-                        f"The start of run {run.run_id!r} was chosen as the victim of a "
-                        "deadlock: the database rolled back the whole transaction it ran in, "
-                        "the caller's. Run that transaction again from its beginning."
-                    )
-                    raise
-                attempt += 1
+                self._raise_unless_retried(error, attempt, f"The start of run {run.run_id!r}")
+            attempt += 1
 
     def _start(
         self,
@@ -304,7 +295,6 @@ class OrmStore(BaseStore):
         read_namespace: str | None,
     ) -> StartOutcome:
         """One call of ``durable_start_run_v2``."""
-        width = max((len(quota.count_statuses) for quota in quotas), default=0)
         params = (
             run.run_id,
             check_existing,
@@ -319,10 +309,7 @@ class OrmStore(BaseStore):
             [quota.key for quota in quotas],
             [quota.limit for quota in quotas],
             [quota.weight for quota in quotas],
-            [
-                [*quota.count_statuses, *[None] * (width - len(quota.count_statuses))]
-                for quota in quotas
-            ],
+            _status_rows(quotas),
             read_namespace,
         )
         with connections[self.using].cursor() as cursor:
@@ -347,7 +334,6 @@ class OrmStore(BaseStore):
         quota inserted first, whose second attempt finds that run.
         """
         check_batch_ids(starts)
-        connection = connections[self.using]
         attempt = 1
         while True:
             try:
@@ -358,16 +344,22 @@ class OrmStore(BaseStore):
                 if attempt >= START_ATTEMPTS:
                     raise
             except OperationalError as error:
-                if not is_deadlock(error) or attempt >= START_ATTEMPTS:
-                    raise
-                if in_callers_transaction(connection):
-                    error.add_note(
-                        "A batch of starts was chosen as the victim of a deadlock: the "
-                        "database rolled back the whole transaction it ran in, the caller's. "
-                        "Run that transaction again from its beginning."
-                    )
-                    raise
+                self._raise_unless_retried(error, attempt, "A batch of starts")
             attempt += 1
+
+    def _raise_unless_retried(self, error: OperationalError, attempt: int, what: str) -> None:
+        """Raise ``error`` unless it is a deadlock the start (``what``) may be tried again
+        after: attempts remain, and the transaction the database rolled back was the
+        start's own, not a caller's (then the error gets a note saying so)."""
+        if not is_deadlock(error) or attempt >= START_ATTEMPTS:
+            raise error
+        if in_callers_transaction(connections[self.using]):
+            error.add_note(
+                f"{what} was chosen as the victim of a deadlock: the database rolled back "
+                "the whole transaction it ran in, the caller's. Run that transaction again "
+                "from its beginning."
+            )
+            raise error
 
     def _start_many_on_postgresql(
         self, starts: Sequence[StartRequest], read_namespace: str | None
@@ -981,7 +973,6 @@ def _start_json(start: StartRequest) -> dict[str, Any]:
     ``durable_start_run_v2``, those that are ``NULL`` left out. ``statuses`` holds one
     row per quota, padded with ``null`` to the longest (a two-dimensional array)."""
     run, quotas = start.run, start.quotas
-    width = max((len(quota.count_statuses) for quota in quotas), default=0)
     item: dict[str, Any] = {
         "id": run.run_id,
         "check_existing": start.check_existing,
@@ -995,14 +986,21 @@ def _start_json(start: StartRequest) -> dict[str, Any]:
         "keys": [quota.key for quota in quotas],
         "limits": [quota.limit for quota in quotas],
         "weights": [quota.weight for quota in quotas],
-        "statuses": [
-            [*quota.count_statuses, *[None] * (width - len(quota.count_statuses))]
-            for quota in quotas
-        ],
+        "statuses": _status_rows(quotas),
     }
     if run.parent_id is not None:
         item["parent_id"] = run.parent_id
     return item
+
+
+def _status_rows(quotas: Sequence[Quota]) -> list[list[str | None]]:
+    """Each quota's counted statuses, one row per quota, padded with ``None`` to the
+    longest: the two-dimensional array ``durable_start_run_v2`` takes (a new list per
+    row, as psycopg adapts no list twice)."""
+    width = max((len(quota.count_statuses) for quota in quotas), default=0)
+    return [
+        [*quota.count_statuses, *[None] * (width - len(quota.count_statuses))] for quota in quotas
+    ]
 
 
 def _function_sets(fields: dict[str, Any]) -> bool:
