@@ -194,6 +194,20 @@ def test_a_held_slot_is_released_after_the_window(fair_engine):
     assert read(late.ticket).issued_at > read(ticket).issued_at
 
 
+def test_the_purge_deletes_expired_tickets_only(fair_engine):
+    key = fresh_key()
+    start(fair_engine, key, window=0.2)
+    gone = refused(fair_engine, key, window=0.2).ticket
+    refused(fair_engine, key, gone, window=0.2)
+    assert len(kept(fair_engine, key)) == 1
+    live = refused(fair_engine, key, window=60).ticket
+    refused(fair_engine, key, live, window=60)
+    fair_engine.store.hold_tickets([read(gone).id], timezone.now())  # expired now
+    result = fair_engine.purge(datetime.timedelta(days=1))
+    assert result.tickets == 1
+    assert [t.id for t in kept(fair_engine, key)] == [read(live).id]
+
+
 def test_a_key_without_kept_tickets_behaves_as_without_fair(fair_engine):
     key, plain = fresh_key(), fresh_key()
     outcomes = []

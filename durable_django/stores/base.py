@@ -534,6 +534,11 @@ class BaseStore(abc.ABC):
         :meth:`keep_ticket` is."""
         raise NotImplementedError(f"{type(self).__name__} keeps no tickets for fair quotas")
 
+    def purge_tickets(self, expired_before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` kept tickets that expired before ``expired_before``;
+        return how many. The default keeps none, so deletes none."""
+        return 0
+
     def drop_ticket(self, ticket_id: str) -> None:
         """Forget the kept ticket ``ticket_id``: its start was admitted. Called inside the
         start's transaction."""

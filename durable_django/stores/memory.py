@@ -92,6 +92,13 @@ class MemoryStore(BaseStore):
                 if ticket is not None and ticket.expires_at > until:
                     self._tickets[ticket_id] = dataclasses.replace(ticket, expires_at=until)
 
+    def purge_tickets(self, expired_before: datetime, limit: int) -> int:
+        with self._lock:
+            expired = [t.id for t in self._tickets.values() if t.expires_at < expired_before]
+            for ticket_id in expired[:limit]:
+                del self._tickets[ticket_id]
+            return len(expired[:limit])
+
     def drop_ticket(self, ticket_id: str) -> None:
         with self._lock:
             self._tickets.pop(ticket_id, None)

@@ -410,6 +410,9 @@ class OrmStore(BaseStore):
     def drop_ticket(self, ticket_id: str) -> None:
         ticket_rows.drop(self.using, ticket_id)
 
+    def purge_tickets(self, expired_before: datetime, limit: int) -> int:
+        return ticket_rows.purge(self.using, expired_before, limit)
+
     # runs ---------------------------------------------------------------------------
 
     def in_transaction(self) -> bool:

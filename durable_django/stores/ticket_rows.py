@@ -41,6 +41,13 @@ def drop(using: str, ticket_id: str) -> None:
     QuotaTicket.objects.using(using).filter(id=ticket_id).delete()
 
 
+def purge(using: str, expired_before: datetime, limit: int) -> int:
+    """Delete up to ``limit`` tickets that expired before ``expired_before``."""
+    rows = QuotaTicket.objects.using(using)
+    batch = list(rows.filter(expires_at__lt=expired_before).values_list("id", flat=True)[:limit])
+    return rows.filter(id__in=batch).delete()[0] if batch else 0
+
+
 def keep(using: str, ticket: KeptTicket) -> None:
     """Insert ``ticket``, or move its expiry, and delete the key's expired tickets."""
     with _writing(using) as (connection, cursor):
