@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import multiprocessing
+import queue
 import random
 import threading
 import time
@@ -24,10 +26,10 @@ from durable_django import Concurrency, ConcurrencyLimitError, Engine, RunStatus
 from durable_django import engine as default_engine
 from durable_django.concurrency import DEFAULT_FAIR_WINDOW, Quota, merge
 from durable_django.lifecycle import ACTIVE_STATUSES
-from durable_django.models import QuotaTicket
 from durable_django.stores import OrmStore
 from durable_django.tickets import HEADER, KeptTicket, issue, place_in_line, read
 
+from . import hammer_tickets
 from .helpers import echo, force_status
 
 
@@ -304,86 +306,108 @@ def test_the_429_gives_a_ticket_and_the_retry_presents_it(client, async_client, 
 
 # the hammer ------------------------------------------------------------------------------
 
-LIMIT = 3
-POLITE = 6
-FLOOD = 3
-ROUNDS = 3 if connection.vendor == "sqlite" else 6
+ROUNDS = 5
+server_database = pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="a hammer needs a server database"
+)
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif(connection.vendor == "sqlite", reason="a hammer needs a server database")
-@pytest.mark.parametrize("trial", range(ROUNDS))
-def test_polite_clients_and_a_flood_never_exceed_the_limit(registry, trial):
-    """Polite clients retrying with their tickets, flooders without, a finisher ending
-    runs at random, and a sampler counting the key's active runs at every instant."""
-    engine = Engine(registry=registry, store=OrmStore(), enqueue=False)
-    engine.register("fair.echo", "1", echo)
-    engine.config  # noqa: B018  (resolve the options once, before threads share it)
-    key = fresh_key()
-    stop = threading.Event()
-    admitted: list[str] = []
-    seen: list[int] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
+class Watch:
+    """The parent's side of a hammer: a finisher ending the key's runs at random, and a
+    sampler counting its active runs at every instant, until the block ends."""
 
-    def guarded(body):
-        def target() -> None:
-            try:
-                body()
-            except BaseException as error:  # reported below
-                errors.append(error)
-            finally:
-                connections.close_all()
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.engine = Engine(store=OrmStore(), enqueue=False)
+        self.stop = threading.Event()
+        self.seen: list[int] = []
+        self.errors: list[BaseException] = []
+        self.threads = [
+            threading.Thread(target=self.guarded, args=(f,)) for f in (self.finish, self.sample)
+        ]
 
-        return threading.Thread(target=target)
+    def guarded(self, body) -> None:
+        try:
+            body()
+        except BaseException as error:  # reported by check()
+            self.errors.append(error)
+        finally:
+            connections.close_all()
 
-    def polite() -> None:
-        ticket = None
-        for _ in range(3):
-            while not stop.is_set():
-                try:
-                    run_id = start(engine, key, ticket, limit=LIMIT, window=0.5)
-                except ConcurrencyLimitError as error:
-                    ticket = error.ticket
-                    time.sleep(random.uniform(0.005, 0.03))
-                else:
-                    with lock:
-                        admitted.append(run_id)
-                    ticket = None
-                    break
-
-    def flood() -> None:
-        while not stop.is_set():
-            try:
-                run_id = start(engine, key, limit=LIMIT, window=0.5)
-            except ConcurrencyLimitError:
-                continue
-            with lock:
-                admitted.append(run_id)
-
-    def finisher() -> None:
-        while not stop.is_set():
-            active = engine.list_runs(tag=f"concurrency:{key}", statuses=ACTIVE_STATUSES)
+    def finish(self) -> None:
+        tag = f"concurrency:{self.key}"
+        while not self.stop.is_set():
+            active = self.engine.list_runs(tag=tag, statuses=ACTIVE_STATUSES)
             if active:
-                force_status(engine, random.choice(active).run_id, RunStatus.COMPLETED)
+                force_status(self.engine, random.choice(active).run_id, RunStatus.COMPLETED)
             time.sleep(random.uniform(0.002, 0.02))
 
-    def sampler() -> None:
-        while not stop.is_set():
-            seen.append(engine.count_runs(tag=f"concurrency:{key}", statuses=ACTIVE_STATUSES))
+    def sample(self) -> None:
+        tag = f"concurrency:{self.key}"
+        while not self.stop.is_set():
+            self.seen.append(self.engine.count_runs(tag=tag, statuses=ACTIVE_STATUSES))
 
-    polite_threads = [guarded(polite) for _ in range(POLITE)]
-    others = [guarded(flood) for _ in range(FLOOD)] + [guarded(finisher), guarded(sampler)]
-    for thread in polite_threads + others:
-        thread.start()
-    for thread in polite_threads:
-        thread.join(120)
-    stop.set()
-    for thread in others:
-        thread.join(60)
-    assert not errors, errors
-    assert seen and max(seen) <= LIMIT
-    assert engine.count_runs(tag=f"concurrency:{key}", statuses=ACTIVE_STATUSES) <= LIMIT
-    assert len(admitted) >= POLITE * 3
-    live = QuotaTicket.objects.filter(quota_key=key, expires_at__gt=timezone.now())
-    assert live.count() <= POLITE
+    def __enter__(self) -> Watch:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(60)
+
+    def check(self, admitted: list[str], errors: list[str]) -> None:
+        assert not errors, "\n\n".join(errors)
+        assert not self.errors, self.errors
+        assert self.seen and max(self.seen) <= hammer_tickets.LIMIT
+        tag = f"concurrency:{self.key}"
+        assert self.engine.count_runs(tag=tag, statuses=ACTIVE_STATUSES) <= hammer_tickets.LIMIT
+        assert len(admitted) > hammer_tickets.LIMIT  # slots freed and were taken again
+        assert sorted(run.run_id for run in self.engine.list_runs(tag=tag)) == sorted(admitted)
+
+
+@server_database
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("trial", range(ROUNDS))
+def test_polite_clients_and_a_flood_in_threads_never_exceed_the_limit(trial):
+    key = fresh_key()
+    engine = Engine(store=OrmStore(), enqueue=False)
+    engine.config  # noqa: B018  (resolve the options once, before threads share it)
+    with Watch(key) as watch:
+        admitted, errors = hammer_tickets.run_clients(engine, key, polite=6, flood=3, seconds=2)
+    watch.check(admitted, errors)
+
+
+@server_database
+@pytest.mark.django_db(transaction=True)
+def test_polite_clients_and_a_flood_in_processes_never_exceed_the_limit():
+    context = multiprocessing.get_context("spawn")
+    key = fresh_key()
+    out = context.Queue()
+    children = [
+        context.Process(
+            target=hammer_tickets.process_main,
+            args=(connection.settings_dict["NAME"], key, 3, 1, 6.0, out),
+        )
+        for _ in range(3)
+    ]
+    admitted: list[str] = []
+    errors: list[str] = []
+    with Watch(key) as watch:
+        try:
+            for child in children:
+                child.start()
+            for _ in children:
+                started, failed = out.get(timeout=120)
+                admitted += started
+                errors += failed
+        except queue.Empty:
+            pytest.fail("a hammer process did not report")
+        finally:
+            for child in children:
+                child.join(timeout=60)
+                if child.is_alive():
+                    child.kill()
+                    child.join()
+    watch.check(admitted, errors)
