@@ -43,7 +43,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.core import signing
+from django.utils import timezone
 
 #: The HTTP header a 429 answer gives a ticket in, and a retry presents it in.
 HEADER = "Durable-Ticket"
@@ -213,13 +215,18 @@ def place_in_line(
 
 
 def _micros(moment: datetime.datetime) -> int:
+    if timezone.is_naive(moment):  # USE_TZ = False: a time in the default time zone
+        moment = timezone.make_aware(moment)
     return round(moment.timestamp() * 1_000_000)
 
 
 def _from_micros(value: Any) -> datetime.datetime:
+    """The moment ``value`` microseconds after the epoch, as ``timezone.now()`` gives
+    moments: aware with ``USE_TZ``, naive in the default time zone without."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError("not a time")
-    return datetime.datetime.fromtimestamp(value / 1_000_000, tz=datetime.UTC)
+    moment = datetime.datetime.fromtimestamp(value / 1_000_000, tz=datetime.UTC)
+    return moment if settings.USE_TZ else timezone.make_naive(moment)
 
 
 __all__ = [

@@ -411,3 +411,12 @@ def test_polite_clients_and_a_flood_in_processes_never_exceed_the_limit():
                     child.kill()
                     child.join()
     watch.check(admitted, errors)
+
+
+@override_settings(USE_TZ=False)
+def test_a_ticket_reads_back_without_time_zones():
+    now = timezone.now()
+    assert timezone.is_naive(now)
+    ticket = read(issue("k", 1, now, now + datetime.timedelta(seconds=5)).token)
+    assert timezone.is_naive(ticket.issued_at)
+    assert abs((ticket.issued_at - now).total_seconds()) < 1e-5
