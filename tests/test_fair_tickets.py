@@ -42,7 +42,7 @@ def fair(key: str, limit: int = 1, window: float = DEFAULT_FAIR_WINDOW) -> Concu
 
 
 @pytest.fixture
-def fair_engine(engine: Engine) -> Engine:
+def fair_engine(kept_tickets_forgotten: None, engine: Engine) -> Engine:
     engine.register("fair.echo", "1", echo)
     return engine
 
@@ -276,9 +276,10 @@ def test_a_ticket_is_kept_when_the_callers_transaction_rolls_back(registry):
 # HTTP ------------------------------------------------------------------------------------
 
 
-@pytest.mark.django_db
 @pytest.mark.parametrize("prefix", ["/fair", "/afair"])
-def test_the_429_gives_a_ticket_and_the_retry_presents_it(client, async_client, prefix):
+def test_the_429_gives_a_ticket_and_the_retry_presents_it(
+    kept_tickets_forgotten, db, client, async_client, prefix
+):
     key = fresh_key()
 
     def get(**headers: str):
