@@ -5,11 +5,13 @@ A :class:`Concurrency` is declared on a workflow (``key`` a callable of the inpu
 or passed per start (``key`` a str, ``limit`` and ``weight`` ints); ``concurrency=``
 takes one or a list of them. At start time each is resolved into a :class:`Quota`: one
 key, one int limit, the statuses that occupy a slot and the units the run occupies. A
-start is admitted only when every quota of its list admits it.
+start is admitted only when every quota of its list admits it. A ``fair`` quota serves
+the starts it refused in the order it refused them (:mod:`durable_django.tickets`).
 """
 
 from __future__ import annotations
 
+import datetime
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +37,12 @@ ConcurrencyOption = Union[
 
 _T = TypeVar("_T")
 
-_OPTION_NAMES = frozenset({"key", "limit", "count_statuses", "weight"})
+_OPTION_NAMES = frozenset({"key", "limit", "count_statuses", "weight", "fair", "fair_window"})
+
+#: Seconds a freed slot of a fair quota is held for the oldest ticket waiting on its key.
+DEFAULT_FAIR_WINDOW = 3.0
+#: The longest ``fair_window``, in seconds.
+MAX_FAIR_WINDOW = 3600.0
 
 
 def quota_tag(key: str) -> str:
@@ -54,14 +61,21 @@ class Concurrency:
     ``weight``: the units of the limit a run occupies, an ``int >= 1`` (default 1), or on
     a workflow a callable ``(input) -> int``; the key's counted runs and the new one must
     weigh at most ``limit`` together.
+    ``fair``: serve refused starts in turn: a refusal carries a ticket
+    (``error.ticket``), and a retry presenting it is admitted before starts that came
+    later; a freed slot is held for the oldest ticket for at most ``fair_window``
+    seconds (a number or a ``timedelta``, default :data:`DEFAULT_FAIR_WINDOW`). See
+    :mod:`durable_django.tickets`.
     """
 
-    __slots__ = ("count_statuses", "key", "limit", "weight")
+    __slots__ = ("count_statuses", "fair", "fair_window", "key", "limit", "weight")
 
     key: KeyFunction | str
     limit: int | LimitFunction
     count_statuses: tuple[str, ...]
     weight: int | WeightFunction
+    fair: bool
+    fair_window: float
 
     def __init__(
         self,
@@ -69,6 +83,8 @@ class Concurrency:
         limit: int | LimitFunction,
         count_statuses: Iterable[str] = DEFAULT_CONCURRENCY_STATUSES,
         weight: int | WeightFunction = 1,
+        fair: bool = False,
+        fair_window: float | datetime.timedelta = DEFAULT_FAIR_WINDOW,
     ) -> None:
         if not (callable(key) or isinstance(key, str)):
             raise TypeError(
@@ -100,40 +116,48 @@ class Concurrency:
         object.__setattr__(self, "limit", limit)
         object.__setattr__(self, "count_statuses", _validate_statuses(count_statuses))
         object.__setattr__(self, "weight", weight)
+        object.__setattr__(self, "fair", _check_fair(fair))
+        object.__setattr__(self, "fair_window", _check_fair_window(fair_window))
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Concurrency is immutable")
 
     def __repr__(self) -> str:
         weight = "" if self.weight == 1 else f", weight={self.weight!r}"
+        fair = f", fair=True, fair_window={self.fair_window!r}" if self.fair else ""
         return (
             f"Concurrency(key={self.key!r}, limit={self.limit!r}, "
-            f"count_statuses={list(self.count_statuses)!r}{weight})"
+            f"count_statuses={list(self.count_statuses)!r}{weight}{fair})"
         )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Concurrency):
             return NotImplemented
-        return (self.key, self.limit, self.count_statuses, self.weight) == (
-            other.key,
-            other.limit,
-            other.count_statuses,
-            other.weight,
-        )
+        return self._identity() == other._identity()
 
     def __hash__(self) -> int:
-        return hash((self.key, self.limit, self.count_statuses, self.weight))
+        return hash(self._identity())
+
+    def _identity(self) -> tuple[Any, ...]:
+        return (self.key, self.limit, self.count_statuses, self.weight, self.fair, self.fair_window)
 
 
 @dataclass(frozen=True, slots=True)
 class Quota:
-    """A quota resolved for one start: one key, one limit, the statuses counted, and the
-    units of the limit the run occupies (``weight``)."""
+    """A quota resolved for one start: one key, one limit, the statuses counted, the
+    units of the limit the run occupies (``weight``), and, for a fair quota, the seconds
+    a freed slot is held for the oldest ticket (``fair_window``; ``None``: not fair)."""
 
     key: str
     limit: int
     count_statuses: tuple[str, ...]
     weight: int = 1
+    fair_window: float | None = None
+
+    @property
+    def fair(self) -> bool:
+        """Whether the quota serves refused starts in turn (it has a ``fair_window``)."""
+        return self.fair_window is not None
 
     @property
     def tag(self) -> str:
@@ -158,6 +182,29 @@ def check_weight(weight: int, what: str) -> int:
     if not 1 <= weight <= MAX_LIMIT:
         raise ValueError(f"{what} must be between 1 and {MAX_LIMIT}, not {weight}")
     return weight
+
+
+def _check_fair(fair: object) -> bool:
+    if not isinstance(fair, bool):
+        raise TypeError(f"Concurrency fair must be True or False, not {type(fair).__name__}")
+    return fair
+
+
+def _check_fair_window(window: object) -> float:
+    """``window`` in seconds if it is a usable ``fair_window``: more than 0, at most an hour."""
+    if isinstance(window, datetime.timedelta):
+        window = window.total_seconds()
+    if isinstance(window, bool) or not isinstance(window, int | float):
+        raise TypeError(
+            f"Concurrency fair_window must be seconds (a number) or a timedelta, "
+            f"not {type(window).__name__} {window!r}"
+        )
+    if not 0 < window <= MAX_FAIR_WINDOW:
+        raise ValueError(
+            f"Concurrency fair_window must be more than 0 and at most {MAX_FAIR_WINDOW:g} "
+            f"seconds, not {window!r}"
+        )
+    return float(window)
 
 
 def _validate_statuses(statuses: Iterable[str]) -> tuple[str, ...]:
@@ -327,6 +374,10 @@ async def _awaited(awaitable: Awaitable[_T]) -> _T:
     return await awaitable
 
 
+def _window(concurrency: Concurrency) -> float | None:
+    return concurrency.fair_window if concurrency.fair else None
+
+
 def limit_for(concurrency: Concurrency, key: str, workflow: str) -> int:
     """The limit for ``key``: the int, or the limit function's answer (an async one is
     run through ``async_to_sync``). A bad answer raises naming the workflow and key."""
@@ -344,7 +395,8 @@ def merge(quotas: Iterable[Quota]) -> tuple[Quota, ...]:
 
     Two quotas naming the same key are merged into one that admits a start only when
     both would: the smaller limit, the statuses of both counted, and the weights summed
-    (the run holds one tag on the key, weighing what both quotas take from it)."""
+    (the run holds one tag on the key, weighing what both quotas take from it); fair when
+    either is, with the shorter window."""
     by_key: dict[str, Quota] = {}
     for quota in quotas:
         seen = by_key.get(quota.key)
@@ -357,11 +409,13 @@ def merge(quotas: Iterable[Quota]) -> tuple[Quota, ...]:
                 f"the concurrency weights for key {quota.key!r} add up to {weight}, "
                 f"more than {MAX_LIMIT}"
             )
+        windows = [q.fair_window for q in (seen, quota) if q.fair_window is not None]
         by_key[quota.key] = Quota(
             quota.key,
             min(seen.limit, quota.limit),
             tuple(dict.fromkeys((*seen.count_statuses, *quota.count_statuses))),
             weight,
+            min(windows) if windows else None,
         )
     return tuple(by_key.values())
 
@@ -381,6 +435,7 @@ def resolve(concurrencies: Iterable[Concurrency], input: Any, workflow: str) -> 
                 limit_for(concurrency, key, workflow),
                 concurrency.count_statuses,
                 _resolve_weight(concurrency, input, workflow, key),
+                _window(concurrency),
             )
         )
     return merge(resolved)
@@ -410,6 +465,7 @@ async def aresolve(
                 _check_limit(limit, workflow, key),
                 concurrency.count_statuses,
                 _resolve_weight(concurrency, input, workflow, key),
+                _window(concurrency),
             )
         )
     return merge(resolved)

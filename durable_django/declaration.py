@@ -49,19 +49,22 @@ class Workflow:
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
+        ticket: str | None = None,
     ) -> RunHandle:
         """Create a run and enqueue it on commit; returns its handle at once.
 
         ``wait`` (seconds or a ``timedelta``): if a quota is full, wait up to that long for
         a slot, woken when one frees, before raising :class:`ConcurrencyLimitError`.
+        ``ticket``: the ``error.ticket`` of an earlier refusal by a fair quota, keeping
+        its place in the key's line (:mod:`durable_django.tickets`).
 
         Inside a running workflow body this starts a child run instead (see
-        ``ctx.start_child``): ``run_id`` is then the child id, and ``wait`` is refused.
+        ``ctx.start_child``): ``run_id`` is then the child id, and ``wait`` and ``ticket``
+        are refused.
         """
         context = _running_body(self, namespace)
         if context is not None:
-            if wait:
-                refuse_in_body()
+            _refuse_waiting_in_body(wait, ticket)
             return context.start_child_handle(
                 self.definition, input, run_id, concurrency=concurrency, tags=tags
             )
@@ -73,6 +76,7 @@ class Workflow:
             tags=tags,
             namespace=namespace,
             wait=wait,
+            ticket=ticket,
         )
 
     async def adispatch(
@@ -84,6 +88,7 @@ class Workflow:
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
+        ticket: str | None = None,
     ) -> RunHandle:
         """``dispatch`` for async views; ``wait`` waits without blocking the loop."""
         return await self.engine.astart(
@@ -94,6 +99,7 @@ class Workflow:
             tags=tags,
             namespace=namespace,
             wait=wait,
+            ticket=ticket,
         )
 
     def dispatch_many(
@@ -149,6 +155,7 @@ class Workflow:
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
+        ticket: str | None = None,
     ) -> Any:
         """Dispatch, wait for the run to settle, and return its output (or raise).
 
@@ -157,11 +164,16 @@ class Workflow:
         """
         context = _running_body(self, namespace)
         if context is not None:
-            if wait:
-                refuse_in_body()
+            _refuse_waiting_in_body(wait, ticket)
             return context.child(self.definition, input, run_id, concurrency=concurrency, tags=tags)
         handle = self.dispatch(
-            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace, wait=wait
+            input,
+            run_id=run_id,
+            concurrency=concurrency,
+            tags=tags,
+            namespace=namespace,
+            wait=wait,
+            ticket=ticket,
         )
         return handle.result(timeout=timeout)
 
@@ -175,10 +187,17 @@ class Workflow:
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
+        ticket: str | None = None,
     ) -> Any:
         """``start`` for async code."""
         handle = await self.adispatch(
-            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace, wait=wait
+            input,
+            run_id=run_id,
+            concurrency=concurrency,
+            tags=tags,
+            namespace=namespace,
+            wait=wait,
+            ticket=ticket,
         )
         return await handle.aresult(timeout=timeout)
 
@@ -191,6 +210,17 @@ def _running_body(declared: Workflow, namespace: str | None) -> Context | None:
     if namespace is not None:
         raise ValueError("a child run is started in its parent's namespace; omit namespace=")
     return context
+
+
+def _refuse_waiting_in_body(wait: Wait, ticket: str | None) -> None:
+    """A child start neither waits for a slot nor presents a ticket."""
+    if wait:
+        refuse_in_body()
+    if ticket is not None:
+        raise DurableError(
+            "ticket= is not available inside a workflow body: a child start is refused at "
+            "once, and the body may retry it durably"
+        )
 
 
 def _outside_body(declared: Workflow, method: str) -> None:
@@ -230,10 +260,17 @@ class BaseWorkflow:
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
+        ticket: str | None = None,
     ) -> RunHandle:
         """See :meth:`Workflow.dispatch`."""
         return cls._declared().dispatch(
-            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace, wait=wait
+            input,
+            run_id=run_id,
+            concurrency=concurrency,
+            tags=tags,
+            namespace=namespace,
+            wait=wait,
+            ticket=ticket,
         )
 
     @classmethod
@@ -246,10 +283,17 @@ class BaseWorkflow:
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
+        ticket: str | None = None,
     ) -> RunHandle:
         """See :meth:`Workflow.adispatch`."""
         return await cls._declared().adispatch(
-            input, run_id=run_id, concurrency=concurrency, tags=tags, namespace=namespace, wait=wait
+            input,
+            run_id=run_id,
+            concurrency=concurrency,
+            tags=tags,
+            namespace=namespace,
+            wait=wait,
+            ticket=ticket,
         )
 
     @classmethod
@@ -293,6 +337,7 @@ class BaseWorkflow:
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
+        ticket: str | None = None,
     ) -> Any:
         """See :meth:`Workflow.start`."""
         return cls._declared().start(
@@ -303,6 +348,7 @@ class BaseWorkflow:
             tags=tags,
             namespace=namespace,
             wait=wait,
+            ticket=ticket,
         )
 
     @classmethod
@@ -316,6 +362,7 @@ class BaseWorkflow:
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
+        ticket: str | None = None,
     ) -> Any:
         """See :meth:`Workflow.astart`."""
         return await cls._declared().astart(
@@ -325,6 +372,8 @@ class BaseWorkflow:
             concurrency=concurrency,
             tags=tags,
             namespace=namespace,
+            wait=wait,
+            ticket=ticket,
         )
 
 

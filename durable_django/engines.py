@@ -217,6 +217,7 @@ class Engine:
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
+        ticket: str | None = None,
     ) -> RunHandle:
         """Create a run and enqueue its execution once the transaction commits.
 
@@ -227,8 +228,10 @@ class Engine:
         full; then nothing is created and nothing is sent. ``wait`` (seconds or a
         ``timedelta``, at most an hour) waits that long for a slot before refusing, woken
         when one frees (:mod:`durable_django.waiting`); not inside a workflow body nor a
-        transaction on the store's database. The steps are
-        :mod:`durable_django.starting`'s.
+        transaction on the store's database. ``ticket``: the ``error.ticket`` a fair
+        quota gave an earlier refusal of this start, to keep its place in the key's line
+        (:mod:`durable_django.tickets`); without it, the ticket presented by the request
+        being served, if any. The steps are :mod:`durable_django.starting`'s.
         """
         return starting.start(
             self,
@@ -239,6 +242,7 @@ class Engine:
             tags=tags,
             namespace=namespace,
             wait=wait,
+            ticket=ticket,
         )
 
     async def astart(
@@ -251,6 +255,7 @@ class Engine:
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
+        ticket: str | None = None,
     ) -> RunHandle:
         """``start`` for async code; an async limit function is awaited on the loop, and
         ``wait`` waits without blocking it."""
@@ -263,6 +268,7 @@ class Engine:
             tags=tags,
             namespace=namespace,
             wait=wait,
+            ticket=ticket,
         )
 
     def start_many(

@@ -24,6 +24,12 @@ class ConcurrencyLimitError(DurableError):
     :class:`durable_django.estimates.Estimate`, ``None`` when the error was made without
     one, and ``retry_after`` is then :data:`DEFAULT_RETRY_AFTER`). ``holders()`` lists
     the runs holding the key now.
+
+    Under a fair quota (:mod:`durable_django.tickets`), ``ticket`` is the refused start's
+    place in the key's line, to present on its retry (``None`` otherwise, and for
+    starts that cannot retry with one: children, events, schedules, batches); ``held``
+    is the units of the limit held for older tickets (0 when none), which the start
+    did not fit beside.
     """
 
     def __init__(
@@ -34,6 +40,8 @@ class ConcurrencyLimitError(DurableError):
         active: int,
         retry_after: float = 0,
         estimate: Any = None,
+        held: int = 0,
+        ticket: str | None = None,
     ) -> None:
         self.workflow = workflow
         self.key = key
@@ -41,10 +49,14 @@ class ConcurrencyLimitError(DurableError):
         self.active = active
         self.retry_after = max(float(retry_after), DEFAULT_RETRY_AFTER)
         self.estimate = estimate
+        self.held = held
+        self.ticket = ticket
         self.engine: Any = None  # the engine that refused the start, for holders()
+        self.line: Any = None  # a fair quota's line as the refusal saw it (tickets.Line)
+        for_tickets = f", {held} held for older tickets" if held else ""
         super().__init__(
             f"workflow {workflow!r} refused: concurrency key {key!r} has "
-            f"{active} active run(s), limit is {limit}"
+            f"{active} active run(s), limit is {limit}{for_tickets}"
         )
 
     def holders(self) -> list[Any]:
@@ -58,7 +70,16 @@ class ConcurrencyLimitError(DurableError):
     def __reduce__(self) -> Any:
         return (
             type(self),
-            (self.workflow, self.key, self.limit, self.active, self.retry_after, self.estimate),
+            (
+                self.workflow,
+                self.key,
+                self.limit,
+                self.active,
+                self.retry_after,
+                self.estimate,
+                self.held,
+                self.ticket,
+            ),
         )
 
 

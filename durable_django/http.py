@@ -1,5 +1,6 @@
-"""HTTP helpers: a quota refusal as a 429 with a ``Retry-After`` header, and a JSON view
-that tells a client how its run is doing."""
+"""HTTP helpers: a quota refusal as a 429 with a ``Retry-After`` header (and, under a fair
+quota, a ``Durable-Ticket`` the client presents on its retry), and a JSON view that tells
+a client how its run is doing."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from .errors import ConcurrencyLimitError, RunNotFound
 from .estimates import HISTORY
 from .status import TERMINAL_STATUSES
 from .stores.base import RunRecord
+from .tickets import HEADER as TICKET_HEADER
+from .tickets import presenting
 
 DEFAULT_MESSAGE = "Busy, retry shortly"
 #: The ``Retry-After`` seconds when nothing better is known (the error's own default).
@@ -32,20 +35,29 @@ def too_many_requests(error: ConcurrencyLimitError) -> JsonResponse:
     ``retry_after``, estimated from the key's history. When the error has no estimate
     from history (the key has none yet, or it could not be read), ``RETRY_AFTER`` of
     ``settings.DURABLE_HTTP_429`` is used when set. The message is its ``MESSAGE``.
+
+    Under a fair quota the body also has ``"ticket"`` and ``"held"`` (units held for
+    older tickets), and the ``Durable-Ticket`` header the ticket: a client retrying
+    with that header, through :class:`ConcurrencyLimitMiddleware` or
+    :func:`concurrency_limit_response`, keeps its place in the key's line.
     """
     options = getattr(settings, "DURABLE_HTTP_429", {}) or {}
     seconds = retry_after_seconds(error, options)
-    response = JsonResponse(
-        {
-            "message": options.get("MESSAGE", DEFAULT_MESSAGE),
-            "key": error.key,
-            "limit": error.limit,
-            "active": error.active,
-            "retry_after": seconds,
-        },
-        status=429,
-    )
+    body: dict[str, Any] = {
+        "message": options.get("MESSAGE", DEFAULT_MESSAGE),
+        "key": error.key,
+        "limit": error.limit,
+        "active": error.active,
+        "retry_after": seconds,
+    }
+    ticket = getattr(error, "ticket", None)
+    if ticket is not None:
+        body["ticket"] = ticket
+        body["held"] = error.held
+    response = JsonResponse(body, status=429)
     response["Retry-After"] = str(seconds)
+    if ticket is not None:
+        response[TICKET_HEADER] = ticket
     return response
 
 
@@ -58,14 +70,21 @@ def retry_after_seconds(error: ConcurrencyLimitError, options: dict[str, Any]) -
     return max(1, math.ceil(error.retry_after))
 
 
+def request_ticket(request: HttpRequest) -> str | None:
+    """The ticket a request presents: its ``Durable-Ticket`` header, or ``None``."""
+    return request.headers.get(TICKET_HEADER) or None
+
+
 def concurrency_limit_response(view: Callable[..., Any]) -> Callable[..., Any]:
-    """View decorator: a ``ConcurrencyLimitError`` raised by the view becomes a 429."""
+    """View decorator: a ``ConcurrencyLimitError`` raised by the view becomes a 429, and
+    the starts the view makes present the request's ticket (:func:`request_ticket`)."""
     if iscoroutinefunction(view):
 
         @functools.wraps(view)
         async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
             try:
-                return await view(request, *args, **kwargs)
+                with presenting(request_ticket(request)):
+                    return await view(request, *args, **kwargs)
             except ConcurrencyLimitError as error:
                 return too_many_requests(error)
 
@@ -74,7 +93,8 @@ def concurrency_limit_response(view: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         try:
-            return view(request, *args, **kwargs)
+            with presenting(request_ticket(request)):
+                return view(request, *args, **kwargs)
         except ConcurrencyLimitError as error:
             return too_many_requests(error)
 
@@ -82,7 +102,9 @@ def concurrency_limit_response(view: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class ConcurrencyLimitMiddleware:
-    """Middleware: any view raising ``ConcurrencyLimitError`` answers 429 (sync and async)."""
+    """Middleware: any view raising ``ConcurrencyLimitError`` answers 429 (sync and
+    async), and the starts a view makes present the request's ticket
+    (:func:`request_ticket`)."""
 
     sync_capable = True
     async_capable = True
@@ -95,10 +117,12 @@ class ConcurrencyLimitMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         if iscoroutinefunction(self):
             return self.__acall__(request)
-        return self.get_response(request)
+        with presenting(request_ticket(request)):
+            return self.get_response(request)
 
     async def __acall__(self, request: HttpRequest) -> Any:
-        return await self.get_response(request)
+        with presenting(request_ticket(request)):
+            return await self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         """The 429 answer for a refused start; other exceptions go on as they were."""

@@ -445,3 +445,23 @@ class QuotaLock(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class QuotaTicket(models.Model):
+    """A ticket a fair quota keeps: a refused start's place in its key's line, kept once
+    its client came back with it (:mod:`durable_django.tickets`)."""
+
+    id = models.CharField(primary_key=True, max_length=32)
+    quota_key = ExactCharField(max_length=255)
+    issued_at = models.DateTimeField(help_text="When the start holding it was first refused.")
+    weight = models.PositiveIntegerField(default=1)
+    expires_at = models.DateTimeField(help_text="Past this, the ticket holds no place.")
+
+    class Meta:
+        db_table = "durable_quota_ticket"
+        verbose_name = "quota ticket"
+        verbose_name_plural = "quota tickets"
+        indexes = [models.Index(fields=["quota_key", "issued_at"], name="durable_ticket_line")]
+
+    def __str__(self) -> str:
+        return f"{self.quota_key} {self.id}"

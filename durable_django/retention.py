@@ -28,10 +28,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class PurgeResult:
-    """What a purge deleted: finished runs (with their tags and steps) and taken signals."""
+    """What a purge deleted: finished runs (with their tags and steps), taken signals, and
+    fair quotas' expired tickets."""
 
     runs: int = 0
     signals: int = 0
+    tickets: int = 0
 
 
 def cutoff(
@@ -128,4 +130,10 @@ def purge(
         signals += deleted
         if deleted < batch_size:
             break
-    return PurgeResult(runs=runs, signals=signals)
+    tickets = 0
+    while True:
+        deleted = store.purge_tickets(timezone.now(), batch_size)
+        tickets += deleted
+        if deleted < batch_size:
+            break
+    return PurgeResult(runs=runs, signals=signals, tickets=tickets)

@@ -34,15 +34,18 @@ PostgreSQL), and step 7 once for the batch (:meth:`Engine.send_many`).
 from __future__ import annotations
 
 import contextlib
+import datetime
+import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from asgiref.sync import sync_to_async
+from django.utils import timezone
 
 from . import concurrency as quotas
-from . import estimates, waiting
+from . import estimates, tickets, waiting
 from .errors import ConcurrencyLimitError, DurableError, RunFailed
 from .limits import text_lengths
 from .records import NewRun, RunRecord
@@ -56,6 +59,8 @@ from .stores.base import StartRequest, batch_index
 if TYPE_CHECKING:
     from .declaration import BaseWorkflow, Workflow
     from .engines import Engine
+
+logger = logging.getLogger("durable_django.starting")
 
 #: What names a workflow to start: its registered name, a declared workflow (a
 #: ``@workflow`` function or ``BaseWorkflow`` class), or a definition.
@@ -113,22 +118,28 @@ def start(
     tags: Iterable[str] = (),
     namespace: str | None = None,
     wait: waiting.Wait = None,
+    ticket: str | None = None,
 ) -> RunHandle:
     """What :meth:`Engine.start <durable_django.Engine.start>` does; with ``wait``, a
-    refused start is tried again for up to that long (:mod:`durable_django.waiting`)."""
+    refused start is tried again for up to that long (:mod:`durable_django.waiting`),
+    presenting the ticket a fair quota gave its previous attempt."""
     seconds = waiting.seconds(wait)
     if seconds:
         waiting.check_may_wait(engine.store)
+    presented = Presented(ticket)
     definition, input, option = prepare(engine, workflow, input, concurrency)
     resolved = quotas.resolve(option, input, definition.name)
+
+    def attempt() -> RunHandle:
+        return presented.attempt(
+            lambda held: admit(
+                engine, definition, input, resolved, run_id, tags, namespace, ticket=held
+            )
+        )
+
     if not seconds:
-        return admit(engine, definition, input, resolved, run_id, tags, namespace)
-    return waiting.start_waiting(
-        engine.store,
-        [quota.key for quota in resolved],
-        seconds,
-        lambda: admit(engine, definition, input, resolved, run_id, tags, namespace),
-    )
+        return attempt()
+    return waiting.start_waiting(engine.store, [quota.key for quota in resolved], seconds, attempt)
 
 
 async def astart(
@@ -141,6 +152,7 @@ async def astart(
     tags: Iterable[str] = (),
     namespace: str | None = None,
     wait: waiting.Wait = None,
+    ticket: str | None = None,
 ) -> RunHandle:
     """:func:`start` for async code: an async limit function is awaited on the loop, and
     a start with ``wait`` waits without blocking it."""
@@ -148,17 +160,48 @@ async def astart(
     if seconds:
         waiting.refuse_in_body()
         await sync_to_async(waiting.check_may_wait)(engine.store)
+    presented = Presented(ticket)
     definition, input, option = prepare(engine, workflow, input, concurrency)
     resolved = await quotas.aresolve(option, input, definition.name)
-    attempt = sync_to_async(admit)
+
+    def admit_presenting() -> RunHandle:
+        return presented.attempt(
+            lambda held: admit(
+                engine, definition, input, resolved, run_id, tags, namespace, ticket=held
+            )
+        )
+
+    attempt = sync_to_async(admit_presenting)
     if not seconds:
-        return await attempt(engine, definition, input, resolved, run_id, tags, namespace)
+        return await attempt()
     return await waiting.astart_waiting(
-        engine.store,
-        [quota.key for quota in resolved],
-        seconds,
-        lambda: attempt(engine, definition, input, resolved, run_id, tags, namespace),
+        engine.store, [quota.key for quota in resolved], seconds, attempt
     )
+
+
+class Presented:
+    """The ticket a start presents to fair quotas: the one given (``ticket=``, checked
+    here, before anything is written), else the one the request being served presented
+    (:func:`durable_django.tickets.presenting`, ignored when not valid); after a
+    refusal, the ticket it gave, for the next attempt of a waiting start."""
+
+    __slots__ = ("ticket",)
+
+    def __init__(self, token: str | None) -> None:
+        self.ticket = (
+            tickets.read(token)
+            if token is not None
+            else tickets.read_presented(tickets.presented())
+        )
+
+    def attempt(self, admit: Callable[[tickets.Ticket | None], RunHandle]) -> RunHandle:
+        """``admit(ticket)``, keeping the ticket a refusal gives."""
+        try:
+            return admit(self.ticket)
+        except ConcurrencyLimitError as error:
+            if error.ticket is not None:
+                self.ticket = tickets.read(error.ticket)
+            raise
 
 
 def start_child(
@@ -398,20 +441,26 @@ def _refused_many(
     """A batch's refusals, as :func:`_refused` does one (the store's transaction has
     ended): each explained, then announced, in the batch's order. Refusals under one key,
     limit, counted statuses and weight share one estimate: it reads the key's holders and
-    history once, whatever the number of elements the key refused."""
+    history once, whatever the number of elements the key refused. A batch presents no
+    tickets and is given none; under a fair quota its elements wait behind the kept
+    tickets like any start without one."""
     shared: dict[tuple[str, int, tuple[str, ...], int], estimates.Estimate] = {}
     for index, error in refused:
         quota = next(q for q in requests[index].quotas if q.key == error.key)
         statuses = tuple(quota.count_statuses)
-        what = (error.key, error.limit, statuses, quota.weight)
+        line: tickets.Line | None = error.line
+        needed = quota.weight + (line.ahead if line else 0)
+        what = (error.key, error.limit, statuses, needed)
         if what in shared:
             error.engine = engine
             error.estimate = shared[what]
             error.retry_after = error.estimate.seconds
         else:
-            estimates.explain(engine, error, statuses, needed=quota.weight)
+            estimates.explain(engine, error, statuses, needed=needed)
             if error.estimate is not None:
                 shared[what] = error.estimate
+        if line is not None and line.holding and quota.fair_window is not None:
+            _keep_line(engine, error, quota, line, give_ticket=False)
         send_signal(run_refused, type(engine), engine=engine, workflow=workflow, error=error)
 
 
@@ -449,19 +498,26 @@ def admit(
     namespace: str | None,
     *,
     parent_id: str | None = None,
+    ticket: tickets.Ticket | Literal[False] | None = False,
 ) -> RunHandle:
     """The steps after the quotas are resolved: locks, idempotency, counts and insert in
-    the store, then the message and ``run_started`` on commit (or ``run_refused``)."""
+    the store, then the message and ``run_started`` on commit (or ``run_refused``).
+
+    ``ticket``: the ticket the start presents to fair quotas, ``None`` for none; a fair
+    quota's refusal then gives one (``error.ticket``). ``False`` (a start that cannot
+    come back with one: a child, an event's) presents none and is given none."""
     run = new_run(engine, definition, input, resolved, run_id, tags, namespace, parent_id)
+    presented = {"ticket": ticket} if ticket else {}  # a store of the old contract has none
     try:
         outcome = engine.store.start_run(
             run,
             resolved,
             check_existing=run_id is not None,
             read_namespace=engine.read_namespace,
+            **presented,
         )
     except ConcurrencyLimitError as error:
-        _refused(engine, run.workflow, error, resolved)
+        _refused(engine, run.workflow, error, resolved, give_ticket=ticket is not False)
         raise
     if outcome.created:
         engine.send(run.run_id, run.queue)
@@ -511,16 +567,55 @@ def _refused(
     workflow: str,
     error: ConcurrencyLimitError,
     resolved: Sequence[quotas.Quota],
+    *,
+    give_ticket: bool = False,
 ) -> None:
-    """A refusal: explained (the store's transaction has ended), then announced."""
+    """A refusal: explained (the store's transaction has ended; under a fair quota, when
+    the start's turn likely comes, after the tickets ahead of it), its line's tickets
+    kept (:func:`_keep_line`), then announced."""
     quota = next((quota for quota in resolved if quota.key == error.key), None)
+    line: tickets.Line | None = error.line
     estimates.explain(
         engine,
         error,
         quota.count_statuses if quota else quotas.DEFAULT_CONCURRENCY_STATUSES,
-        needed=quota.weight if quota else 1,
+        needed=(quota.weight if quota else 1) + (line.ahead if line else 0),
     )
+    if line is not None and quota is not None and quota.fair_window is not None:
+        _keep_line(engine, error, quota, line, give_ticket)
     send_signal(run_refused, type(engine), engine=engine, workflow=workflow, error=error)
+
+
+def _keep_line(
+    engine: Engine,
+    error: ConcurrencyLimitError,
+    quota: quotas.Quota,
+    line: tickets.Line,
+    give_ticket: bool,
+) -> None:
+    """A fair quota's refusal, in its key's line: the tickets whose turn came are held
+    for at most the quota's window; with ``give_ticket``, the start's ticket (the one it
+    presented, now kept, or a new one, not kept until it comes back) goes on the error,
+    valid until ``retry_after`` and the window have passed. A write that fails is
+    logged: the refusal stands, and the ticket keeps its place unkept."""
+    now = timezone.now()
+    window = datetime.timedelta(seconds=quota.fair_window or 0)
+    expires = now + datetime.timedelta(seconds=error.retry_after) + window
+    presented = line.ticket
+    if give_ticket:
+        ticket = presented or tickets.issue(quota.key, quota.weight, now, expires)
+        error.ticket = ticket.token
+    try:
+        if line.holding:
+            engine.store.hold_tickets(line.holding, now + window)
+        if give_ticket and presented is not None:
+            engine.store.keep_ticket(
+                tickets.KeptTicket(
+                    presented.id, quota.key, presented.issued_at, quota.weight, expires
+                )
+            )
+    except Exception:  # the refusal stands whatever the writes did
+        logger.warning("could not keep the tickets of key %r", quota.key, exc_info=True)
 
 
 def _announce_started(engine: Engine, run: NewRun) -> None:
@@ -541,6 +636,7 @@ def _announce_started(engine: Engine, run: NewRun) -> None:
 __all__ = [
     "BatchStart",
     "Planned",
+    "Presented",
     "RunHandle",
     "WorkflowRef",
     "admit",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -13,7 +13,7 @@ from durable_django import Engine
 from durable_django.registry import Registry
 from durable_django.stores import MemoryStore, OrmStore
 
-from .helpers import boom
+from .helpers import boom, forget_kept_tickets
 
 if TYPE_CHECKING:
     from .brokers import Broker
@@ -39,6 +39,16 @@ def engine(request: pytest.FixtureRequest, registry: Registry, db: None) -> Engi
     """An engine on the ORM store (the test database) and one on the memory store."""
     store = OrmStore() if request.param == "orm" else MemoryStore()
     return Engine(store=store, registry=registry, enqueue=False)
+
+
+@pytest.fixture
+def kept_tickets_forgotten(django_db_blocker: Any) -> Iterator[None]:
+    """Deletes every kept ticket after the test, once its transaction has rolled back:
+    request it before ``db`` (off SQLite a refusal keeps its ticket on a connection of
+    its own, committed, which the test's rollback does not undo)."""
+    yield
+    with django_db_blocker.unblock():
+        forget_kept_tickets()
 
 
 @pytest.fixture

@@ -15,6 +15,26 @@ from durable_django import Engine, RunStatus
 from durable_django import engine as default_engine
 from durable_django.stores.base import RunRecord
 
+# fair quotas' tickets ------------------------------------------------------------------
+
+
+def forget_kept_tickets() -> None:
+    """Delete every kept ticket, committed. Off SQLite a refusal keeps its ticket on a
+    connection of its own when a transaction is open (a test's, too), so the rows outlive
+    the test's rolled-back transaction; a test that keeps tickets calls this after."""
+    from django.db import connections
+
+    connection = connections["default"]
+    if connection.vendor == "sqlite":
+        return
+    own = type(connection)(connection.settings_dict, connection.alias)
+    try:
+        with own.cursor() as cursor:
+            cursor.execute("DELETE FROM durable_quota_ticket")
+    finally:
+        own.close()
+
+
 # workflow bodies -----------------------------------------------------------------------
 
 

@@ -188,6 +188,7 @@ def test_the_purge_command_for_people_and_scripts(db):
     assert durable_json("purge", "--older-than", "720h") == {
         "runs": 1,
         "signals": 0,
+        "tickets": 0,
     }
     assert durable("purge", "--older-than", "90m") == "deleted 0 run(s) and 0 taken signal(s)\n"
 
@@ -443,7 +444,7 @@ def test_the_purge_command_keeps_the_children_of_active_runs(db):
         default_engine, child, RunStatus.COMPLETED, finished_at=timezone.now() - DAYS_AGO_40
     )
     force_status(default_engine, parent, RunStatus.SUSPENDED)
-    assert durable_json("purge", "--older-than", "30d") == {"runs": 0, "signals": 0}
+    assert durable_json("purge", "--older-than", "30d") == {"runs": 0, "signals": 0, "tickets": 0}
     force_status(default_engine, parent, RunStatus.CANCELLED, finished_at=timezone.now())
-    assert durable_json("purge", "--older-than", "30d") == {"runs": 1, "signals": 0}
+    assert durable_json("purge", "--older-than", "30d") == {"runs": 1, "signals": 0, "tickets": 0}
     assert gone(default_engine, child)

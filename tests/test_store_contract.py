@@ -30,7 +30,9 @@ class TestMemoryStore(StoreContract):
 
 class TestOrmStore(StoreContract):
     @pytest.fixture(params=PATHS, ids=lambda fast: "fast-path" if fast else "portable-path")
-    def store(self, request: pytest.FixtureRequest, db: None) -> BaseStore:
+    def store(
+        self, request: pytest.FixtureRequest, kept_tickets_forgotten: None, db: None
+    ) -> BaseStore:
         return OrmStore(fast_path=request.param)
 
 

@@ -29,12 +29,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.utils import timezone
+
 from ..concurrency import Quota
 from ..errors import ConcurrencyLimitError, DurableError
 from ..lifecycle import TERMINAL_STATUSES
 from ..limits import TAG_PREFIX
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..retention import active_ancestors
+from ..tickets import KeptTicket, Ticket, place_in_line
 
 if TYPE_CHECKING:
     from django.core.checks import CheckMessage
@@ -265,6 +268,7 @@ class BaseStore(abc.ABC):
         *,
         check_existing: bool,
         read_namespace: str | None,
+        ticket: Ticket | None = None,
     ) -> StartOutcome:
         """Start ``run`` in one transaction holding the lock of every key of ``quotas``
         (one quota, a list of them with distinct keys, or none).
@@ -274,7 +278,9 @@ class BaseStore(abc.ABC):
         counted in units (:meth:`quota_units`, in ``read_namespace`` when it is given) and
         :class:`~durable_django.ConcurrencyLimitError` raised for the first quota, in the
         order given, whose units and the run's weight would exceed its limit, creating
-        nothing; then the run is created, its quota tags weighing ``run.weights``."""
+        nothing (a fair quota also counts the units held for kept tickets ahead of the
+        start's ``ticket``: :func:`check_quotas`); then the run is created, its quota tags
+        weighing ``run.weights``."""
         quotas = quota_list(quotas)
         with quota_transaction(self, quotas):
             if check_existing:
@@ -283,7 +289,7 @@ class BaseStore(abc.ABC):
                     return existing_outcome(
                         run, existing.workflow, existing.namespace, read_namespace
                     )
-            check_quotas(self, quotas, run.workflow, read_namespace)
+            check_quotas(self, quotas, run.workflow, read_namespace, ticket)
             self.create_run(run)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
 
@@ -505,6 +511,39 @@ class BaseStore(abc.ABC):
         the run that took them) overrides it."""
         return 0
 
+    # fair quotas' tickets ---------------------------------------------------------------
+    #
+    # A store that keeps tickets implements all four; the defaults refuse, so a fair
+    # quota on a store without them fails with an error that says so.
+
+    def ticket_line(self, key: str) -> list[KeptTicket]:
+        """The tickets kept for quota ``key``, live or expired, in any order. Read inside
+        the start's transaction, under the key's lock."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no tickets for fair quotas")
+
+    def keep_ticket(self, ticket: KeptTicket) -> None:
+        """Keep ``ticket``, or move the expiry of the one kept with its id to
+        ``ticket.expires_at``; the key's tickets expired by then may be dropped. Called
+        after the refused start's transaction, outside the key's lock: it must commit even
+        when the caller's transaction is later rolled back, where the store can."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no tickets for fair quotas")
+
+    def hold_tickets(self, ticket_ids: Collection[str], until: datetime) -> None:
+        """Bring the expiry of the kept tickets ``ticket_ids`` down to ``until`` where it is
+        later: their turn has come, and a slot is held for them only that long. Written as
+        :meth:`keep_ticket` is."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no tickets for fair quotas")
+
+    def purge_tickets(self, expired_before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` kept tickets that expired before ``expired_before``;
+        return how many. The default keeps none, so deletes none."""
+        return 0
+
+    def drop_ticket(self, ticket_id: str) -> None:
+        """Forget the kept ticket ``ticket_id``: its start was admitted. Called inside the
+        start's transaction."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no tickets for fair quotas")
+
     # waiting for a slot ---------------------------------------------------------------
 
     def in_transaction(self) -> bool:
@@ -604,16 +643,46 @@ def quota_transaction(
 
 
 def check_quotas(
-    store: BaseStore, quotas: Sequence[Quota], workflow: str, read_namespace: str | None
+    store: BaseStore,
+    quotas: Sequence[Quota],
+    workflow: str,
+    read_namespace: str | None,
+    ticket: Ticket | None = None,
 ) -> None:
     """Raise :class:`ConcurrencyLimitError` for the first of ``quotas`` whose key's units
-    and the run's weight would exceed its limit."""
+    and the run's weight would exceed its limit.
+
+    A fair quota adds the units of the live kept tickets ahead of the start's ``ticket``
+    (all of them without one; :func:`durable_django.tickets.place_in_line`): its refusal
+    carries ``held`` and the ``line`` it saw. When every quota admits, the start's kept
+    ticket is dropped (:meth:`BaseStore.drop_ticket`)."""
     if not quotas:
         return
     units = store.quota_units(quotas, read_namespace)
+    now: datetime | None = None
+    admitted: str | None = None
     for quota, active in zip(quotas, units, strict=True):
-        if active + quota.weight > quota.limit:
-            raise ConcurrencyLimitError(workflow, quota.key, quota.limit, active)
+        line = None
+        if quota.fair:
+            now = now or timezone.now()
+            line = place_in_line(
+                store.ticket_line(quota.key),
+                ticket,
+                quota.key,
+                active=active,
+                limit=quota.limit,
+                weight=quota.weight,
+                now=now,
+            )
+        held = line.ahead if line is not None else 0
+        if active + held + quota.weight > quota.limit:
+            error = ConcurrencyLimitError(workflow, quota.key, quota.limit, active, held=held)
+            error.line = line
+            raise error
+        if line is not None and line.kept and line.ticket is not None:
+            admitted = line.ticket.id
+    if admitted is not None:
+        store.drop_ticket(admitted)
 
 
 def check_quota(store: BaseStore, quota: Quota, workflow: str, read_namespace: str | None) -> None:

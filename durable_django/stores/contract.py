@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import uuid
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from ..concurrency import DEFAULT_CONCURRENCY_STATUSES, Quota, quota_tag
 from ..errors import ConcurrencyLimitError, DurableError
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..status import TERMINAL_STATUSES, RunStatus
+from ..tickets import KeptTicket, issue
 from .base import BaseStore, StartRequest
 
 __all__ = ["StoreContract"]
@@ -36,6 +38,17 @@ HOUR = datetime.timedelta(hours=1)
 
 #: Texts that a comparison ignoring case, accents or trailing spaces would confuse.
 CONFUSABLE = [("export:alice", "export:Alice"), ("k", "k "), ("e", "é")]
+
+
+def fresh_ticket_key(store: BaseStore) -> str:
+    """A quota key of its own for a test of tickets, which a store may write outside the
+    test's transaction; the test is skipped on a store that keeps no tickets."""
+    key = f"fair:{uuid.uuid4().hex[:12]}"
+    try:
+        store.ticket_line(key)
+    except NotImplementedError:
+        pytest.skip("the store keeps no tickets: fair quotas are not available on it")
+    return key
 
 
 def new_run(run_id: str, workflow: str = "wf", **fields: Any) -> NewRun:
@@ -922,6 +935,57 @@ class StoreContract:
         assert store.purge_signals(later, 10) == 0
         assert store.has_signal("kept") and not store.has_signal("taken")
         assert store.take_signal("run-1", "kept", StepRecord(1, "signal")) == (True, 2)
+
+    # fair quotas' tickets -------------------------------------------------------------
+
+    def test_kept_tickets_hold_slots_in_their_order(self, store: BaseStore) -> None:
+        now = timezone.now()
+        key = fresh_ticket_key(store)  # kept tickets may outlive the test's transaction
+        fair = dataclasses.replace(quota(key, 1), fair_window=3.0)
+        older = issue(key, 1, now - 2 * SECOND, now + HOUR)
+        newer = issue(key, 1, now - SECOND, now + HOUR)
+        for ticket in (newer, older):
+            store.keep_ticket(KeptTicket(ticket.id, key, ticket.issued_at, 1, now + HOUR))
+        assert sorted(t.id for t in store.ticket_line(key)) == sorted([older.id, newer.id])
+        assert store.ticket_line(key + ":other") == []
+        with store.atomic(), pytest.raises(ConcurrencyLimitError) as caught:
+            start(store, new_run("no-ticket"), fair)
+        assert (caught.value.active, caught.value.held) == (0, 2)
+        with store.atomic(), pytest.raises(ConcurrencyLimitError) as caught:
+            store.start_run(
+                new_run("newer"), [fair], check_existing=True, read_namespace=None, ticket=newer
+            )
+        assert caught.value.held == 1 and caught.value.line.holding == (older.id,)
+        assert store.start_run(
+            new_run("older", tags=(fair.tag,)),
+            [fair],
+            check_existing=True,
+            read_namespace=None,
+            ticket=older,
+        ).created
+        assert [t.id for t in store.ticket_line(key)] == [newer.id]  # dropped on admission
+        store.drop_ticket(newer.id)
+
+    def test_tickets_are_kept_held_and_purged(self, store: BaseStore) -> None:
+        now = timezone.now()
+        key = fresh_ticket_key(store)
+        a, b = (uuid.uuid4().hex for _ in range(2))
+        store.keep_ticket(KeptTicket(a, key, now, 1, now + HOUR))
+        store.keep_ticket(KeptTicket(a, key, now, 2, now + 2 * HOUR))  # moved, not doubled
+        store.keep_ticket(KeptTicket(b, key, now, 1, now + HOUR))
+        by_id = {t.id: t for t in store.ticket_line(key)}
+        assert sorted(by_id) == sorted([a, b])
+        assert by_id[a].weight == 2
+        assert abs(by_id[a].expires_at - (now + 2 * HOUR)) < SECOND
+        store.hold_tickets([a], now + SECOND)
+        store.hold_tickets([b], now + 3 * HOUR)  # never later than it was
+        by_id = {t.id: t for t in store.ticket_line(key)}
+        assert abs(by_id[a].expires_at - (now + SECOND)) < SECOND / 10
+        assert abs(by_id[b].expires_at - (now + HOUR)) < SECOND
+        assert store.purge_tickets(now + 2 * SECOND, 10000) >= 1
+        assert [t.id for t in store.ticket_line(key)] == [b]
+        store.drop_ticket(b)
+        assert store.ticket_line(key) == []
 
     # the store's environment ---------------------------------------------------------
 

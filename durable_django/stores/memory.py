@@ -14,6 +14,7 @@ from django.utils import timezone
 from ..limits import TAG_PREFIX
 from ..records import NewRun, RunRecord, StepRecord
 from ..status import RunStatus
+from ..tickets import KeptTicket
 from .base import BaseStore, is_holders_check
 
 
@@ -36,6 +37,7 @@ class MemoryStore(BaseStore):
         self._runs: dict[str, RunRecord] = {}
         self._steps: dict[str, dict[int, StepRecord]] = {}
         self._signals: dict[str, list[Any]] = {}
+        self._tickets: dict[str, KeptTicket] = {}
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
@@ -69,6 +71,37 @@ class MemoryStore(BaseStore):
                     if units != 1 and tag in run.tags
                 },
             )
+
+    def ticket_line(self, key: str) -> list[KeptTicket]:
+        with self._lock:
+            return [ticket for ticket in self._tickets.values() if ticket.key == key]
+
+    def keep_ticket(self, ticket: KeptTicket) -> None:
+        now = timezone.now()
+        with self._lock:
+            for expired in [
+                t.id for t in self._tickets.values() if t.key == ticket.key and t.expires_at <= now
+            ]:
+                del self._tickets[expired]
+            self._tickets[ticket.id] = ticket
+
+    def hold_tickets(self, ticket_ids: Collection[str], until: datetime) -> None:
+        with self._lock:
+            for ticket_id in ticket_ids:
+                ticket = self._tickets.get(ticket_id)
+                if ticket is not None and ticket.expires_at > until:
+                    self._tickets[ticket_id] = dataclasses.replace(ticket, expires_at=until)
+
+    def purge_tickets(self, expired_before: datetime, limit: int) -> int:
+        with self._lock:
+            expired = [t.id for t in self._tickets.values() if t.expires_at < expired_before]
+            for ticket_id in expired[:limit]:
+                del self._tickets[ticket_id]
+            return len(expired[:limit])
+
+    def drop_ticket(self, ticket_id: str) -> None:
+        with self._lock:
+            self._tickets.pop(ticket_id, None)
 
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._lock:

@@ -53,6 +53,8 @@ from ..models import QuotaLock, Run, RunQuerySet, RunTag, Signal, Step, model_fi
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..retention import active_ancestors
 from ..status import TERMINAL_STATUSES, RunStatus
+from ..tickets import KeptTicket, Ticket
+from . import ticket_rows
 from .base import (
     AsyncReleaseListener,
     BaseStore,
@@ -229,6 +231,7 @@ class OrmStore(BaseStore):
         *,
         check_existing: bool,
         read_namespace: str | None,
+        ticket: Ticket | None = None,
     ) -> StartOutcome:
         """Existing-run check, quota checks and insert, as one transaction.
 
@@ -241,7 +244,7 @@ class OrmStore(BaseStore):
         attempt = 1
         while True:
             try:
-                return self._start(run, quotas, check_existing, read_namespace)
+                return self._start(run, quotas, check_existing, read_namespace, ticket)
             except OperationalError as error:
                 self._raise_unless_retried(error, attempt, f"The start of run {run.run_id!r}")
             attempt += 1
@@ -252,11 +255,12 @@ class OrmStore(BaseStore):
         quotas: tuple[Quota, ...],
         check_existing: bool,
         read_namespace: str | None,
+        ticket: Ticket | None,
     ) -> StartOutcome:
-        if self._fast():
+        if self._fast() and not any(quota.fair for quota in quotas):
             return self._start_on_postgresql(run, quotas, check_existing, read_namespace)
         try:
-            return self._start_portable(run, quotas, check_existing, read_namespace)
+            return self._start_portable(run, quotas, check_existing, read_namespace, ticket)
         except IntegrityError:
             # A concurrent start without a quota lock inserted the same run id first.
             existing = self.get_run(run.run_id) if check_existing else None
@@ -270,11 +274,13 @@ class OrmStore(BaseStore):
         quotas: tuple[Quota, ...],
         check_existing: bool,
         read_namespace: str | None,
+        ticket: Ticket | None = None,
     ) -> StartOutcome:
         """``BaseStore.start_run``'s steps, in its order, each one prepared statement on
         the connection's cursor: the keys' locks (:meth:`quota_locks`), the existing run's
-        workflow and namespace, every key's units in one query, the run, and its tags in
-        one multi-row insert."""
+        workflow and namespace, every key's units in one query (and a fair quota's kept
+        tickets), the run, and its tags in one multi-row insert. A start under a fair
+        quota takes this path on PostgreSQL too."""
         connection = connections[self.using]
         sql = portable_sql(connection)
         with quota_transaction(self, quotas), connection.cursor() as cursor:
@@ -283,7 +289,7 @@ class OrmStore(BaseStore):
                 found = cursor.fetchone()
                 if found is not None:
                     return existing_outcome(run, found[0], found[1], read_namespace)
-            check_quotas(self, quotas, run.workflow, read_namespace)
+            check_quotas(self, quotas, run.workflow, read_namespace, ticket)
             insert_run(connection, cursor, run)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
 
@@ -337,7 +343,7 @@ class OrmStore(BaseStore):
         attempt = 1
         while True:
             try:
-                if self._fast():
+                if self._fast() and not any(q.fair for start in starts for q in start.quotas):
                     return self._start_many_on_postgresql(starts, read_namespace)
                 return super().start_runs(starts, read_namespace=read_namespace)
             except IntegrityError:
@@ -389,6 +395,23 @@ class OrmStore(BaseStore):
                 else:
                     outcomes.append(StartOutcome(True, run.workflow, run.namespace))
             return outcomes
+
+    # fair quotas' tickets: durable_django.stores.ticket_rows ---------------------------
+
+    def ticket_line(self, key: str) -> list[KeptTicket]:
+        return ticket_rows.line(self.using, key)
+
+    def keep_ticket(self, ticket: KeptTicket) -> None:
+        ticket_rows.keep(self.using, ticket)
+
+    def hold_tickets(self, ticket_ids: Collection[str], until: datetime) -> None:
+        ticket_rows.hold(self.using, ticket_ids, until)
+
+    def drop_ticket(self, ticket_id: str) -> None:
+        ticket_rows.drop(self.using, ticket_id)
+
+    def purge_tickets(self, expired_before: datetime, limit: int) -> int:
+        return ticket_rows.purge(self.using, expired_before, limit)
 
     # runs ---------------------------------------------------------------------------
 

@@ -32,7 +32,8 @@ class PurgeSubcommand(Subcommand):
     name = "purge"
     help = (
         "Delete the runs that finished more than --older-than ago, with their tags and "
-        "recorded steps, and the signals taken before then. Active runs are never deleted."
+        "recorded steps, and the signals taken before then; and fair quotas' expired "
+        "tickets. Active runs are never deleted."
     )
 
     @classmethod
@@ -67,7 +68,10 @@ class PurgeSubcommand(Subcommand):
         if self.as_json:
             self.emit_json(asdict(result))
         else:
-            self.write(f"deleted {result.runs} run(s) and {result.signals} taken signal(s)")
+            tickets = f", {result.tickets} expired ticket(s)" if result.tickets else ""
+            self.write(
+                f"deleted {result.runs} run(s){tickets} and {result.signals} taken signal(s)"
+            )
 
 
 subcommand = PurgeSubcommand

@@ -1,0 +1,132 @@
+"""The kept tickets of fair quotas as rows of ``durable_quota_ticket`` (``QuotaTicket``).
+
+A ticket is read and dropped inside a start's transaction, under its key's lock, through
+the ORM. It is kept, and held, once a refused start's transaction has ended: those writes
+must outlive a transaction of the caller's that is rolled back (a view under
+``ATOMIC_REQUESTS`` turning the refusal into a 429 rolls back everything it wrote), so
+inside one they are made on a connection of their own, in autocommit. SQLite allows one
+writer at a time, and the caller's transaction may hold it: there they join the caller's
+transaction, and are lost if it rolls back (the client's next retry is then a ticket not
+kept yet, which the store keeps at its next refusal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Collection, Iterator
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from ..models import QuotaTicket
+from ..tickets import KeptTicket
+
+
+def line(using: str, key: str) -> list[KeptTicket]:
+    """The tickets kept for ``key`` (live or expired), by place."""
+    rows = (
+        QuotaTicket.objects.using(using)
+        .filter(quota_key=key)
+        .order_by("issued_at", "id")
+        .values_list("id", "issued_at", "weight", "expires_at")
+    )
+    return [KeptTicket(id, key, issued, weight, expires) for id, issued, weight, expires in rows]
+
+
+def drop(using: str, ticket_id: str) -> None:
+    """Delete the kept ticket ``ticket_id``."""
+    QuotaTicket.objects.using(using).filter(id=ticket_id).delete()
+
+
+def purge(using: str, expired_before: datetime, limit: int) -> int:
+    """Delete up to ``limit`` tickets that expired before ``expired_before``."""
+    rows = QuotaTicket.objects.using(using)
+    batch = list(rows.filter(expires_at__lt=expired_before).values_list("id", flat=True)[:limit])
+    return rows.filter(id__in=batch).delete()[0] if batch else 0
+
+
+def keep(using: str, ticket: KeptTicket) -> None:
+    """Insert ``ticket``, or move its expiry, and delete the key's expired tickets."""
+    with _writing(using) as (connection, cursor):
+        table, quote = _table(connection)
+        adapt = connection.ops.adapt_datetimefield_value
+        cursor.execute(
+            f"DELETE FROM {table} WHERE {quote('quota_key')} = %s AND {quote('expires_at')} <= %s",
+            [ticket.key, adapt(timezone.now())],
+        )
+        cursor.execute(
+            f"UPDATE {table} SET {quote('expires_at')} = %s, {quote('weight')} = %s "
+            f"WHERE {quote('id')} = %s",
+            [adapt(ticket.expires_at), ticket.weight, ticket.id],
+        )
+        if cursor.rowcount:
+            return
+        try:
+            with _savepoint(connection):
+                cursor.execute(
+                    f"INSERT INTO {table} ({quote('id')}, {quote('quota_key')}, "
+                    f"{quote('issued_at')}, {quote('weight')}, {quote('expires_at')}) "
+                    f"VALUES (%s, %s, %s, %s, %s)",
+                    [
+                        ticket.id,
+                        ticket.key,
+                        adapt(ticket.issued_at),
+                        ticket.weight,
+                        adapt(ticket.expires_at),
+                    ],
+                )
+        except IntegrityError:  # the same ticket, kept by a concurrent retry
+            pass
+
+
+def hold(using: str, ticket_ids: Collection[str], until: datetime) -> None:
+    """Bring the expiry of ``ticket_ids`` down to ``until`` where it is later."""
+    if not ticket_ids:
+        return
+    with _writing(using) as (connection, cursor):
+        table, quote = _table(connection)
+        marks = ", ".join(["%s"] * len(ticket_ids))
+        moment = connection.ops.adapt_datetimefield_value(until)
+        cursor.execute(
+            f"UPDATE {table} SET {quote('expires_at')} = %s "
+            f"WHERE {quote('id')} IN ({marks}) AND {quote('expires_at')} > %s",
+            [moment, *ticket_ids, moment],
+        )
+
+
+def _table(connection: BaseDatabaseWrapper) -> tuple[str, Any]:
+    quote = connection.ops.quote_name
+    return quote(QuotaTicket._meta.db_table), quote
+
+
+@contextlib.contextmanager
+def _writing(using: str) -> Iterator[tuple[BaseDatabaseWrapper, Any]]:
+    """A connection and cursor whose writes commit at the end of the block: this thread's
+    own, in a transaction, unless a transaction of the caller's is open on a database
+    other than SQLite; then a new connection, in autocommit, closed after."""
+    connection = connections[using]
+    if connection.vendor == "sqlite" or not (
+        connection.in_atomic_block or not connection.get_autocommit()
+    ):
+        with transaction.atomic(using=using), connection.cursor() as cursor:
+            yield connection, cursor
+        return
+    own = type(connection)(connection.settings_dict, connection.alias)
+    try:
+        with own.cursor() as cursor:
+            yield own, cursor
+    finally:
+        own.close()
+
+
+@contextlib.contextmanager
+def _savepoint(connection: BaseDatabaseWrapper) -> Iterator[None]:
+    """A savepoint where a transaction is open (so a failed insert leaves it usable)."""
+    if connection.in_atomic_block:
+        with transaction.atomic(using=connection.alias):
+            yield
+    else:
+        yield

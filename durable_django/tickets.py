@@ -1,0 +1,243 @@
+"""Fair turns on a quota key: tickets for refused starts, served in the order given.
+
+A **fair** quota (``Concurrency(..., fair=True)``) gives each start it refuses a
+**ticket**, ``ConcurrencyLimitError.ticket``: an opaque string, signed with the
+project's ``SECRET_KEY``, holding the start's place in its key's line (when it was
+first refused). A retry presenting it (``dispatch(..., ticket=...)``, or the
+``Durable-Ticket`` request header read by the 429 middleware and decorator) keeps that
+place:
+
+- A ticket is **kept** by the store the first time its client comes back with it and is
+  refused again. Until then it reserves nothing: the refusals of a client that never
+  presents its tickets (a flood) write nothing and hold no slot.
+- When a slot frees while kept tickets wait, the slot is **held** for the oldest of them:
+  a start without an older ticket is refused (``error.held`` says how many units are
+  held for tickets ahead of it), and the ticket's holder is admitted when it comes back.
+- A hold lasts at most the quota's ``fair_window`` seconds from the first start it turned
+  away: a client that never comes back keeps the key from others no longer than that.
+  Its ticket then expires, and the next one's turn begins.
+- A kept ticket also expires ``retry_after + fair_window`` after its last refusal, an
+  unkept one ``retry_after + fair_window`` after it was issued. An expired ticket counts
+  as none: its refusal gives a new ticket, at the back of the line.
+- A ticket's ``retry_after`` counts the units of the tickets ahead of it: it says when
+  its turn likely comes, not when the next slot frees.
+
+A ticket only ever refuses a start the quota would admit, never admits one it would
+refuse: the limit holds as it does without tickets. A key with no kept ticket behaves
+exactly as a quota that is not fair.
+
+This module is the arithmetic: tokens (:func:`issue`, :func:`read`), what a start's
+place in a line is (:func:`place_in_line`), and the ticket the current request
+presents (:func:`presenting`). The store keeps the tickets
+(``BaseStore.ticket_line`` and its siblings); the start path writes them once the
+refused start's transaction has ended (:mod:`durable_django.starting`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core import signing
+from django.utils import timezone
+
+#: The HTTP header a 429 answer gives a ticket in, and a retry presents it in.
+HEADER = "Durable-Ticket"
+
+_SALT = "durable_django.tickets"
+_presented: ContextVar[str | None] = ContextVar("durable_django_ticket", default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """A ticket read from its token: its ``id``, its quota ``key``, when the start it
+    stands for was first refused (``issued_at``, its place), the start's ``weight``, and
+    when it expires unless the store keeps it (``due``)."""
+
+    token: str
+    id: str
+    key: str
+    issued_at: datetime.datetime
+    weight: int
+    due: datetime.datetime
+
+    @property
+    def place(self) -> tuple[datetime.datetime, str]:
+        """Its place in the key's line: older first, ties broken by id."""
+        return (self.issued_at, self.id)
+
+
+@dataclass(frozen=True, slots=True)
+class KeptTicket:
+    """A ticket the store keeps: a place in key ``key``'s line, reserving ``weight``
+    units until ``expires_at``."""
+
+    id: str
+    key: str
+    issued_at: datetime.datetime
+    weight: int
+    expires_at: datetime.datetime
+
+    @property
+    def place(self) -> tuple[datetime.datetime, str]:
+        """Its place in the key's line."""
+        return (self.issued_at, self.id)
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """What a fair quota's check found in its key's line for one start.
+
+    ``ticket``: the start's own live ticket for this key (``None``: it has none, or it
+    expired); ``kept``: whether the store keeps that ticket; ``ahead``: the units of the
+    live kept tickets ahead of the start; ``holding``: the ids of those whose turn has
+    come (they fit in the slots free now), which hold a slot from this start."""
+
+    ticket: Ticket | None
+    kept: bool
+    ahead: int
+    holding: tuple[str, ...]
+
+
+def issue(
+    key: str,
+    weight: int,
+    issued_at: datetime.datetime,
+    due: datetime.datetime,
+) -> Ticket:
+    """A new ticket for a start refused under ``key``: its place is ``issued_at``."""
+    ticket_id = uuid.uuid4().hex
+    payload = {"i": ticket_id, "k": key, "t": _micros(issued_at), "w": weight, "d": _micros(due)}
+    token = signing.dumps(payload, salt=_SALT, compress=True)
+    return Ticket(token, ticket_id, key, issued_at, weight, due)
+
+
+def read(token: object) -> Ticket:
+    """The ticket ``token`` stands for; ``ValueError`` naming what is wrong when it is not
+    a ticket this project issued (``TypeError`` when it is not a str)."""
+    if not isinstance(token, str):
+        raise TypeError(f"ticket must be a str (error.ticket), not {type(token).__name__}")
+    try:
+        payload = signing.loads(token, salt=_SALT)
+    except signing.BadSignature:
+        raise ValueError(
+            "ticket is not one this project issued: its signature does not match "
+            "(was it changed, or SECRET_KEY since?)"
+        ) from None
+    try:
+        return Ticket(
+            token,
+            str(payload["i"]),
+            str(payload["k"]),
+            _from_micros(payload["t"]),
+            int(payload["w"]),
+            _from_micros(payload["d"]),
+        )
+    except (KeyError, TypeError, ValueError, OverflowError):
+        raise ValueError("ticket is signed but malformed") from None
+
+
+def read_presented(token: str | None) -> Ticket | None:
+    """The ticket a request presented, or ``None`` when it presented none or one that is
+    not valid (a client's stale or altered header is a start without a ticket)."""
+    if not token:
+        return None
+    try:
+        return read(token)
+    except ValueError:
+        return None
+
+
+def presented() -> str | None:
+    """The ticket token presented by the request being served (see :func:`presenting`)."""
+    return _presented.get()
+
+
+@contextmanager
+def presenting(token: str | None) -> Iterator[None]:
+    """Within the block, starts without a ``ticket=`` of their own present ``token``: how
+    the 429 middleware and decorator pass on a request's ``Durable-Ticket`` header."""
+    reset = _presented.set(token or None)
+    try:
+        yield
+    finally:
+        _presented.reset(reset)
+
+
+def place_in_line(
+    kept: Sequence[KeptTicket],
+    ticket: Ticket | None,
+    key: str,
+    *,
+    active: int,
+    limit: int,
+    weight: int,
+    now: datetime.datetime,
+) -> Line:
+    """Where a start weighing ``weight`` stands in ``key``'s line, given the tickets the
+    store keeps for the key (``kept``, live or expired, any order), the start's ticket,
+    and the key's ``active`` units under ``limit``."""
+    mine = ticket if ticket is not None and ticket.key == key else None
+    is_kept = False
+    if mine is not None:
+        row = next((entry for entry in kept if entry.id == mine.id), None)
+        if row is not None:
+            is_kept = row.expires_at > now
+            mine = mine if is_kept else None
+        elif mine.due <= now:
+            mine = None
+    ahead = sorted(
+        (
+            entry
+            for entry in kept
+            if entry.expires_at > now
+            and (mine is None or (entry.id != mine.id and entry.place < mine.place))
+        ),
+        key=lambda entry: entry.place,
+    )
+    units = sum(entry.weight for entry in ahead)
+    holding: list[str] = []
+    free = limit - active
+    if units and active + weight <= limit < active + units + weight:
+        taken = 0
+        for entry in ahead:
+            taken += entry.weight
+            if taken > free:
+                break
+            holding.append(entry.id)
+    return Line(mine, is_kept, units, tuple(holding))
+
+
+def _micros(moment: datetime.datetime) -> int:
+    if timezone.is_naive(moment):  # USE_TZ = False: a time in the default time zone
+        moment = timezone.make_aware(moment)
+    return round(moment.timestamp() * 1_000_000)
+
+
+def _from_micros(value: Any) -> datetime.datetime:
+    """The moment ``value`` microseconds after the epoch, as ``timezone.now()`` gives
+    moments: aware with ``USE_TZ``, naive in the default time zone without."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("not a time")
+    moment = datetime.datetime.fromtimestamp(value / 1_000_000, tz=datetime.UTC)
+    return moment if settings.USE_TZ else timezone.make_naive(moment)
+
+
+__all__ = [
+    "HEADER",
+    "KeptTicket",
+    "Line",
+    "Ticket",
+    "issue",
+    "place_in_line",
+    "presented",
+    "presenting",
+    "read",
+    "read_presented",
+]
