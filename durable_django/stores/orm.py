@@ -256,6 +256,8 @@ class OrmStore(BaseStore):
         if self._fast():
             return self._start_on_postgresql(run, quotas, check_existing, read_namespace)
         try:
+            if self._procedure():
+                return self._start_on_mariadb(run, quotas, check_existing, read_namespace)
             return self._start_portable(run, quotas, check_existing, read_namespace)
         except IntegrityError:
             # A concurrent start without a quota lock inserted the same run id first.
@@ -315,6 +317,63 @@ class OrmStore(BaseStore):
         with connections[self.using].cursor() as cursor:
             cursor.execute(_START_SQL, params)
             outcome, refused, active, workflow, namespace = cursor.fetchone()
+        if outcome == "refused":
+            quota = quotas[refused - 1]
+            raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
+        if outcome == "exists":
+            return existing_outcome(run, workflow, namespace, read_namespace)
+        return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+
+    def _start_on_mariadb(
+        self,
+        run: NewRun,
+        quotas: tuple[Quota, ...],
+        check_existing: bool,
+        read_namespace: str | None,
+    ) -> StartOutcome:
+        """One ``CALL`` of the procedure ``durable_start_run_v1`` (migration 0006), which
+        takes the portable start's steps under the same locks (:meth:`_row_lock`).
+
+        Outside a transaction of the caller's the procedure runs its own transaction,
+        committed or rolled back before it returns: the whole start is one round trip.
+        Inside one it runs in a savepoint of it, commits nothing, and the savepoint is
+        rolled back if it fails. When a key's lock row is missing the procedure locks and
+        writes nothing and says so (``missing``); the rows are then inserted and committed
+        on their own, as :meth:`_row_lock` does, and the procedure is called again.
+        """
+        connection = connections[self.using]
+        keys = sorted({quota.key for quota in quotas})
+        params = _procedure_params(connection, run, quotas, keys, check_existing, read_namespace)
+        own = not in_callers_transaction(connection)
+        for attempt in (1, 2):
+            params[-1] = own
+            with (
+                contextlib.nullcontext() if own else transaction.atomic(using=self.using),
+                connection.cursor() as cursor,
+            ):
+                cursor.execute(_MARIADB_START_SQL, params)
+                outcome, refused, active, workflow, namespace = cursor.fetchone()
+            if outcome != "missing":
+                break
+            if attempt == 2:
+                raise DurableError(
+                    f"a quota key of {keys!r} has no lock row although one was just "
+                    "inserted: durable_quota_lock rows must not be deleted"
+                )
+            if own:
+                for key in keys:
+                    insert_lock_row(connection, key)
+            else:
+                # A read that takes no lock: only the rows no transaction can hold yet.
+                rows = QuotaLock.objects.using(self.using).filter(key__in=keys)
+                existing = set(rows.values_list("key", flat=True))
+                other = type(connection)(connection.settings_dict, connection.alias)
+                try:
+                    for key in keys:
+                        if key not in existing:
+                            insert_lock_row(other, key)
+                finally:
+                    other.close()
         if outcome == "refused":
             quota = quotas[refused - 1]
             raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
@@ -415,6 +474,16 @@ class OrmStore(BaseStore):
     def _fast(self) -> bool:
         """Whether this store takes its PostgreSQL fast path (one statement, no ORM)."""
         return self.fast_path and connections[self.using].vendor == "postgresql"
+
+    def _procedure(self) -> bool:
+        """Whether this store starts runs by a ``CALL`` of ``durable_start_run_v1``: on
+        MariaDB (not MySQL), unless ``fast_path=False``."""
+        connection = connections[self.using]
+        return (
+            self.fast_path
+            and connection.vendor == "mysql"
+            and bool(getattr(connection, "mysql_is_mariadb", False))
+        )
 
     def create_run(self, run: NewRun) -> None:
         now = timezone.now()
@@ -1220,6 +1289,47 @@ def units_query(
         )
         found = {(tag, status): units for tag, status, units in cursor.fetchall()}
     return [int(sum(found.get((tag, status), 0) for status in s)) for tag, s in wanted]
+
+
+#: The call of MariaDB's start procedure (migration 0006).
+_MARIADB_START_SQL = (
+    "CALL durable_start_run_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+
+
+def _procedure_params(
+    connection: BaseDatabaseWrapper,
+    run: NewRun,
+    quotas: Sequence[Quota],
+    keys: list[str],
+    check_existing: bool,
+    read_namespace: str | None,
+) -> list[Any]:
+    """The arguments of ``durable_start_run_v1``, the last one (whether the procedure
+    runs a transaction of its own) left for the caller to set."""
+    return [
+        run.run_id,
+        check_existing,
+        run.workflow,
+        run.version,
+        run.namespace,
+        model_field(Run, "input", JSONField).get_db_prep_save(run.input, connection),
+        json.dumps([[tag, run.weights.get(tag, 1)] for tag in run.tags], ensure_ascii=False),
+        run.queue,
+        run.parent_id,
+        run.attempt,
+        json.dumps(keys, ensure_ascii=False),
+        json.dumps(
+            [
+                [quota.tag, quota.limit, quota.weight, list(dict.fromkeys(quota.count_statuses))]
+                for quota in quotas
+            ],
+            ensure_ascii=False,
+        ),
+        read_namespace,
+        connection.ops.adapt_datetimefield_value(timezone.now()),
+        None,
+    ]
 
 
 def update_lock_rows(connection: BaseDatabaseWrapper, keys: Sequence[str]) -> int:
