@@ -14,7 +14,7 @@ so what is measured is the database part of the start, which is what differs bet
 paths. The variants:
 
 - **a** PostgreSQL, the fast path (one call of ``durable_start_run_v2``);
-- **b** MariaDB, the default store (one ``CALL`` of the procedure ``durable_start_run_v1``);
+- **b** MariaDB, the default store (one ``CALL`` of ``durable_start_run_mariadb_v1``);
 - **c** SQLite (a file, ``IMMEDIATE`` transactions), the portable path;
 - **d** PostgreSQL, the portable path (``OrmStore(fast_path=False)``);
 - **e** MariaDB, the portable path (``OrmStore(fast_path=False)``).

@@ -1,11 +1,12 @@
-"""A start in one call on MariaDB: the stored procedure ``durable_start_run_v1``, which
-takes the steps of the portable start (``OrmStore._start_portable``) in one round trip.
+"""A start in one call on MariaDB: the stored procedure ``durable_start_run_mariadb_v1``,
+which takes the steps of the portable start (``OrmStore._start_portable``) in one round
+trip.
 
 Installed on MariaDB only, where the database routers let durable_django migrate; MySQL,
 SQLite and PostgreSQL get nothing (MySQL keeps the portable start). Dropped when the
 migration is reversed. The procedure's text is written here, once: a change is a new
-version (``durable_start_run_v2``) in a new migration, the old one left installed for the
-processes of the previous release during a rolling deploy.
+version (``durable_start_run_mariadb_v2``) in a new migration, the old one left installed
+for the processes of the previous release during a rolling deploy.
 
 What one ``CALL`` does, in the order of ``BaseStore.start_run``:
 
@@ -44,7 +45,7 @@ from typing import Any
 
 from django.db import migrations
 
-PROCEDURE = "durable_start_run_v1"
+PROCEDURE = "durable_start_run_mariadb_v1"
 
 #: The columns a variable of the procedure is compared with: (model, field).
 _COMPARED = {

@@ -331,8 +331,8 @@ class OrmStore(BaseStore):
         check_existing: bool,
         read_namespace: str | None,
     ) -> StartOutcome:
-        """One ``CALL`` of the procedure ``durable_start_run_v1`` (migration 0006), which
-        takes the portable start's steps under the same locks (:meth:`_row_lock`).
+        """One ``CALL`` of the procedure ``durable_start_run_mariadb_v1`` (migration 0006),
+        which takes the portable start's steps under the same locks (:meth:`_row_lock`).
 
         Outside a transaction of the caller's the procedure runs its own transaction,
         committed or rolled back before it returns: the whole start is one round trip.
@@ -476,8 +476,8 @@ class OrmStore(BaseStore):
         return self.fast_path and connections[self.using].vendor == "postgresql"
 
     def _procedure(self) -> bool:
-        """Whether this store starts runs by a ``CALL`` of ``durable_start_run_v1``: on
-        MariaDB (not MySQL), unless ``fast_path=False``."""
+        """Whether this store starts runs by a ``CALL`` of ``durable_start_run_mariadb_v1``:
+        on MariaDB (not MySQL), unless ``fast_path=False``."""
         connection = connections[self.using]
         return (
             self.fast_path
@@ -1292,9 +1292,7 @@ def units_query(
 
 
 #: The call of MariaDB's start procedure (migration 0006).
-_MARIADB_START_SQL = (
-    "CALL durable_start_run_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-)
+_MARIADB_START_SQL = f"CALL durable_start_run_mariadb_v1({', '.join(['%s'] * 15)})"
 
 
 def _procedure_params(
@@ -1305,8 +1303,8 @@ def _procedure_params(
     check_existing: bool,
     read_namespace: str | None,
 ) -> list[Any]:
-    """The arguments of ``durable_start_run_v1``, the last one (whether the procedure
-    runs a transaction of its own) left for the caller to set."""
+    """The arguments of ``durable_start_run_mariadb_v1``, the last one (whether the
+    procedure runs a transaction of its own) left for the caller to set."""
     return [
         run.run_id,
         check_existing,
