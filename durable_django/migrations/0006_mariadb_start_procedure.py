@@ -246,7 +246,7 @@ def procedure_sql(apps: Any, schema_editor: Any) -> str:
         name: apps.get_model("durable_django", name)._meta.db_table
         for name in ("Run", "RunTag", "QuotaLock")
     }
-    declared: dict[str, str] = {}
+    charsets: dict[str, tuple[str, str]] = {}
     with schema_editor.connection.cursor() as cursor:
         for placeholder, (model, column) in _COMPARED.items():
             cursor.execute(
@@ -255,13 +255,14 @@ def procedure_sql(apps: Any, schema_editor: Any) -> str:
                 [tables[model], column],
             )
             charset, collation = cursor.fetchone()
-            declared[placeholder] = f"CHARACTER SET {charset} COLLATE {collation}"
-            if placeholder == "key":
-                key_charset = charset
+            charsets[placeholder] = (charset, collation)
     return _BODY.format(
         procedure=quote(PROCEDURE),
-        **declared,
-        key_introducer=f"_{key_charset} ",
+        **{
+            placeholder: f"CHARACTER SET {charset} COLLATE {collation}"
+            for placeholder, (charset, collation) in charsets.items()
+        },
+        key_introducer=f"_{charsets['key'][0]} ",
         lock_table=quote(tables["QuotaLock"]),
         run_table=quote(tables["Run"]),
         tag_table=quote(tables["RunTag"]),

@@ -1,6 +1,6 @@
 """The default store: runs in the project's database, through the Django ORM.
 
-Each operation takes one of two paths:
+Each operation takes one of these paths:
 
 - on PostgreSQL (``fast_path=True``, the default), one call of a function of
   ``stores/postgres/functions.sql``, installed by migrations 0002, 0003 and 0004: a start
@@ -13,15 +13,20 @@ Each operation takes one of two paths:
   the run and its tags together, with the turn's last record at the end of a turn
   (``durable_transition_v1``).
   Each is one round trip, one statement for its caller, planned once per connection;
-- elsewhere (SQLite, MySQL/MariaDB), and for what no function covers (a step's record
-  replacing a failed one, a claim or a transition setting other columns), the portable
-  path: the ORM's queries in one transaction; a start's are parameterised statements
-  written once per database vendor (:class:`PortableSql`). A start locks its keys'
-  ``QuotaLock`` rows (on SQLite one upsert, which takes the database's write lock; on
-  MySQL/MariaDB one ``UPDATE`` of the rows in key order, inserted and committed
-  beforehand when a key is new), then checks for an existing run, counts every key in one
-  query and inserts. On
-  PostgreSQL the portable path (``fast_path=False``, and retries) takes the function's
+- on MariaDB (``fast_path=True``), ``start_run`` is one ``CALL`` of the stored procedure
+  ``durable_start_run_mariadb_v1`` (migration 0006): the portable start's steps below,
+  under the same lock rows, in one round trip (:meth:`OrmStore._start_on_mariadb`);
+- elsewhere (SQLite, MySQL, and on MariaDB everything but ``start_run``), and for what
+  no function covers (a step's record replacing a failed one, a claim or a transition
+  setting other columns), the portable path: the ORM's queries in one transaction; a
+  start's are parameterised statements written once per database vendor
+  (:class:`PortableSql`). A start locks its keys' ``QuotaLock`` rows (on SQLite one
+  upsert, which takes the database's write lock; on MySQL/MariaDB one ``UPDATE`` of the
+  rows in key order, inserted and committed beforehand when a key is new), then checks
+  for an existing run, counts every key in one query and inserts. On MariaDB the
+  procedure locks the same rows the same way, so its starts and the portable path's
+  (``fast_path=False``, ``start_runs``, retries) serialise against each other. On PostgreSQL
+  the portable path (``fast_path=False``, and retries) takes the function's
   advisory locks instead (``durable_lock_quota_key_v1``, ``durable_lock_quota_keys_v1``),
   so the two paths serialise against each other.
 
@@ -91,10 +96,11 @@ _TRANSITION_SQL = (
 class OrmStore(BaseStore):
     """Keeps runs in the database ``using`` (default ``"default"``) through the ORM.
 
-    ``fast_path=False`` makes PostgreSQL take the portable path too. Each method does
-    what :class:`~durable_django.stores.BaseStore` says; it overrides the composites with
-    the database's own means (row and advisory locks, one ``COUNT``, one statement on
-    PostgreSQL).
+    ``fast_path=False`` makes PostgreSQL take the portable path too, and MariaDB start
+    runs on it rather than by its procedure. Each method does what
+    :class:`~durable_django.stores.BaseStore` says; it overrides the composites with the
+    database's own means (row and advisory locks, one ``COUNT``, one statement on
+    PostgreSQL, one ``CALL`` for a start on MariaDB).
     """
 
     is_shared = True
