@@ -207,12 +207,7 @@ class OrmStore(BaseStore):
                     missing = [] if update_lock_rows(connection, keys) else keys
                 if missing or len(keys) > 1:
                     if missing:
-                        own = type(connection)(connection.settings_dict, connection.alias)
-                        try:
-                            for key in missing:
-                                insert_lock_row(own, key)
-                        finally:
-                            own.close()
+                        insert_lock_rows_apart(connection, missing)
                     _lock_inserted_rows(connection, keys)
                 yield
             return
@@ -370,16 +365,10 @@ class OrmStore(BaseStore):
                 for key in keys:
                     insert_lock_row(connection, key)
             else:
-                # A read that takes no lock: only the rows no transaction can hold yet.
+                # A read that takes no lock finds the missing rows.
                 rows = QuotaLock.objects.using(self.using).filter(key__in=keys)
                 existing = set(rows.values_list("key", flat=True))
-                other = type(connection)(connection.settings_dict, connection.alias)
-                try:
-                    for key in keys:
-                        if key not in existing:
-                            insert_lock_row(other, key)
-                finally:
-                    other.close()
+                insert_lock_rows_apart(connection, [key for key in keys if key not in existing])
         if outcome == "refused":
             quota = quotas[refused - 1]
             raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
@@ -991,6 +980,18 @@ def insert_lock_row(connection: BaseDatabaseWrapper, key: str) -> None:
             )
     except IntegrityError:
         pass
+
+
+def insert_lock_rows_apart(connection: BaseDatabaseWrapper, keys: Sequence[str]) -> None:
+    """Insert and commit the lock rows of ``keys`` (:func:`insert_lock_row`) on a
+    connection of their own to ``connection``'s database, opened and closed here: for a
+    start inside a transaction of the caller's, which must not insert them itself."""
+    own = type(connection)(connection.settings_dict, connection.alias)
+    try:
+        for key in keys:
+            insert_lock_row(own, key)
+    finally:
+        own.close()
 
 
 def _lock_inserted_rows(connection: BaseDatabaseWrapper, keys: list[str]) -> None:
