@@ -3,8 +3,9 @@ which takes the steps of the portable start (``OrmStore._start_portable``) in on
 trip.
 
 Installed on MariaDB only, where the database routers let durable_django migrate; MySQL,
-SQLite and PostgreSQL get nothing (MySQL keeps the portable start). Dropped when the
-migration is reversed. The procedure's text is written here, once: a change is a new
+SQLite and PostgreSQL get nothing (MySQL keeps the portable start: its ``PREPARE`` takes no
+local variable, and the procedure is tested on MariaDB alone). Dropped when the migration
+is reversed. The procedure's text is written here, once: a change is a new
 version (``durable_start_run_mariadb_v2``) in a new migration, the old one left installed
 for the processes of the previous release during a rolling deploy.
 
