@@ -195,13 +195,20 @@ def test_new_keys_get_their_lock_rows_committed_even_when_refused():
 def test_keys_are_compared_byte_for_byte():
     store = OrmStore()
     base = fresh("k")
-    quotas = [Quota(key, 1, ACTIVE) for key in (base, base.upper(), f"{base} ", f"{base}é")]
+    keys = (base, base.upper(), f"{base} ", f"{base}é", f"{base}😀", f"{base}'\"\\\n")
+    quotas = [Quota(key, 1, ACTIVE) for key in keys]
     for quota in quotas:
         assert start(store, new_run((quota,)), quota).created
     for quota in quotas:
         with pytest.raises(ConcurrencyLimitError):
             start(store, new_run((quota,)), quota)
-    assert QuotaLock.objects.filter(key__in=[q.key for q in quotas]).count() == len(quotas)
+    assert QuotaLock.objects.filter(key__in=keys).count() == len(keys)
+    # Several keys in one start: the one UPDATE names each by its bytes.
+    roomy = tuple(Quota(key, 2, ACTIVE) for key in keys)
+    assert start(store, new_run(roomy), *roomy).created
+    with pytest.raises(ConcurrencyLimitError) as caught:
+        start(store, new_run(roomy), *roomy)
+    assert (caught.value.key, caught.value.active) == (keys[0], 2)
 
 
 # an existing run ---------------------------------------------------------------------
