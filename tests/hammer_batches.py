@@ -54,8 +54,9 @@ class BatchOutcome:
 
 
 def make_engines(limit: int) -> list[Any]:
-    """Engines on the ORM store that send nothing: the fast path and the portable path on
-    PostgreSQL, the portable path alone elsewhere."""
+    """Engines on the ORM store that send nothing: the default store and the portable path
+    on PostgreSQL and MariaDB (whose default stores start a run in one call), the portable
+    path alone elsewhere."""
     from django.db import connection
 
     from durable_django import Engine
@@ -63,7 +64,10 @@ def make_engines(limit: int) -> list[Any]:
     from durable_django.stores import OrmStore
 
     registry = Registry()
-    paths = [True, False] if connection.vendor == "postgresql" else [False]
+    one_call = connection.vendor == "postgresql" or (
+        connection.vendor == "mysql" and connection.mysql_is_mariadb
+    )
+    paths = [True, False] if one_call else [False]
     engines = [
         Engine(store=OrmStore(fast_path=fast), registry=registry, enqueue=False) for fast in paths
     ]

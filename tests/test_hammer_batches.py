@@ -142,8 +142,9 @@ MIXED_THREADS = 10
 def test_batches_and_single_starts_under_overlapping_weighted_quota_lists() -> None:
     # Half the starters start batches whose elements each name one to three weighted
     # quotas, the other half single starts under such lists, every list in an order of
-    # its own (on PostgreSQL on the fast and the portable path in turn): no deadlock, no
-    # key over its limit in units, every refusal right, every run under its plan's tags.
+    # its own (on PostgreSQL and MariaDB on the one-call and the portable path in turn):
+    # no deadlock, no key over its limit in units, every refusal right, every run under
+    # its plan's tags.
     engines = make_engines(LIMIT)
     prefix = uuid.uuid4().hex[:10]
     barrier = threading.Barrier(MIXED_THREADS)

@@ -1,6 +1,6 @@
 """The default store: runs in the project's database, through the Django ORM.
 
-Each operation takes one of two paths:
+Each operation takes one of these paths:
 
 - on PostgreSQL (``fast_path=True``, the default), one call of a function of
   ``stores/postgres/functions.sql``, installed by migrations 0002, 0003 and 0004: a start
@@ -13,15 +13,20 @@ Each operation takes one of two paths:
   the run and its tags together, with the turn's last record at the end of a turn
   (``durable_transition_v1``).
   Each is one round trip, one statement for its caller, planned once per connection;
-- elsewhere (SQLite, MySQL/MariaDB), and for what no function covers (a step's record
-  replacing a failed one, a claim or a transition setting other columns), the portable
-  path: the ORM's queries in one transaction; a start's are parameterised statements
-  written once per database vendor (:class:`PortableSql`). A start locks its keys'
-  ``QuotaLock`` rows (on SQLite one upsert, which takes the database's write lock; on
-  MySQL/MariaDB one ``UPDATE`` of the rows in key order, inserted and committed
-  beforehand when a key is new), then checks for an existing run, counts every key in one
-  query and inserts. On
-  PostgreSQL the portable path (``fast_path=False``, and retries) takes the function's
+- on MariaDB (``fast_path=True``), ``start_run`` is one ``CALL`` of the stored procedure
+  ``durable_start_run_mariadb_v1`` (migration 0006): the portable start's steps below,
+  under the same lock rows, in one round trip (:meth:`OrmStore._start_on_mariadb`);
+- elsewhere (SQLite, MySQL, and on MariaDB everything but ``start_run``), and for what
+  no function covers (a step's record replacing a failed one, a claim or a transition
+  setting other columns), the portable path: the ORM's queries in one transaction; a
+  start's are parameterised statements written once per database vendor
+  (:class:`PortableSql`). A start locks its keys' ``QuotaLock`` rows (on SQLite one
+  upsert, which takes the database's write lock; on MySQL/MariaDB one ``UPDATE`` of the
+  rows in key order, inserted and committed beforehand when a key is new), then checks
+  for an existing run, counts every key in one query and inserts. On MariaDB the
+  procedure locks the same rows the same way, so its starts and the portable path's
+  (``fast_path=False``, ``start_runs``, retries) serialise against each other. On PostgreSQL
+  the portable path (``fast_path=False``, and retries) takes the function's
   advisory locks instead (``durable_lock_quota_key_v1``, ``durable_lock_quota_keys_v1``),
   so the two paths serialise against each other.
 
@@ -93,10 +98,11 @@ _TRANSITION_SQL = (
 class OrmStore(BaseStore):
     """Keeps runs in the database ``using`` (default ``"default"``) through the ORM.
 
-    ``fast_path=False`` makes PostgreSQL take the portable path too. Each method does
-    what :class:`~durable_django.stores.BaseStore` says; it overrides the composites with
-    the database's own means (row and advisory locks, one ``COUNT``, one statement on
-    PostgreSQL).
+    ``fast_path=False`` makes PostgreSQL take the portable path too, and MariaDB start
+    runs on it rather than by its procedure. Each method does what
+    :class:`~durable_django.stores.BaseStore` says; it overrides the composites with the
+    database's own means (row and advisory locks, one ``COUNT``, one statement on
+    PostgreSQL, one ``CALL`` for a start on MariaDB).
     """
 
     is_shared = True
@@ -203,12 +209,7 @@ class OrmStore(BaseStore):
                     missing = [] if update_lock_rows(connection, keys) else keys
                 if missing or len(keys) > 1:
                     if missing:
-                        own = type(connection)(connection.settings_dict, connection.alias)
-                        try:
-                            for key in missing:
-                                insert_lock_row(own, key)
-                        finally:
-                            own.close()
+                        insert_lock_rows_apart(connection, missing)
                     _lock_inserted_rows(connection, keys)
                 yield
             return
@@ -257,9 +258,14 @@ class OrmStore(BaseStore):
         read_namespace: str | None,
         ticket: Ticket | None,
     ) -> StartOutcome:
-        if self._fast() and not any(quota.fair for quota in quotas):
+        # A fair quota's tickets are read by the portable path only: the server-side
+        # starts know none.
+        server_side = not any(quota.fair for quota in quotas)
+        if server_side and self._fast():
             return self._start_on_postgresql(run, quotas, check_existing, read_namespace)
         try:
+            if server_side and self._procedure():
+                return self._start_on_mariadb(run, quotas, check_existing, read_namespace)
             return self._start_portable(run, quotas, check_existing, read_namespace, ticket)
         except IntegrityError:
             # A concurrent start without a quota lock inserted the same run id first.
@@ -321,6 +327,57 @@ class OrmStore(BaseStore):
         with connections[self.using].cursor() as cursor:
             cursor.execute(_START_SQL, params)
             outcome, refused, active, workflow, namespace = cursor.fetchone()
+        if outcome == "refused":
+            quota = quotas[refused - 1]
+            raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
+        if outcome == "exists":
+            return existing_outcome(run, workflow, namespace, read_namespace)
+        return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+
+    def _start_on_mariadb(
+        self,
+        run: NewRun,
+        quotas: tuple[Quota, ...],
+        check_existing: bool,
+        read_namespace: str | None,
+    ) -> StartOutcome:
+        """One ``CALL`` of the procedure ``durable_start_run_mariadb_v1`` (migration 0006),
+        which takes the portable start's steps under the same locks (:meth:`_row_lock`).
+
+        Outside a transaction of the caller's the procedure runs its own transaction,
+        committed or rolled back before it returns: the whole start is one round trip.
+        Inside one it runs in a savepoint of it, commits nothing, and the savepoint is
+        rolled back if it fails. When a key's lock row is missing the procedure locks and
+        writes nothing and says so (``missing``); the rows are then inserted and committed
+        on their own, as :meth:`_row_lock` does, and the procedure is called again.
+        """
+        connection = connections[self.using]
+        keys = sorted({quota.key for quota in quotas})
+        params = _procedure_params(connection, run, quotas, keys, check_existing, read_namespace)
+        own = not in_callers_transaction(connection)
+        for attempt in (1, 2):
+            params[-1] = own
+            with (
+                contextlib.nullcontext() if own else transaction.atomic(using=self.using),
+                connection.cursor() as cursor,
+            ):
+                cursor.execute(_MARIADB_START_SQL, params)
+                outcome, refused, active, workflow, namespace = cursor.fetchone()
+            if outcome != "missing":
+                break
+            if attempt == 2:
+                raise DurableError(
+                    f"a quota key of {keys!r} has no lock row although one was just "
+                    "inserted: durable_quota_lock rows must not be deleted"
+                )
+            if own:
+                for key in keys:
+                    insert_lock_row(connection, key)
+            else:
+                # A read that takes no lock finds the missing rows.
+                rows = QuotaLock.objects.using(self.using).filter(key__in=keys)
+                existing = set(rows.values_list("key", flat=True))
+                insert_lock_rows_apart(connection, [key for key in keys if key not in existing])
         if outcome == "refused":
             quota = quotas[refused - 1]
             raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
@@ -438,6 +495,16 @@ class OrmStore(BaseStore):
     def _fast(self) -> bool:
         """Whether this store takes its PostgreSQL fast path (one statement, no ORM)."""
         return self.fast_path and connections[self.using].vendor == "postgresql"
+
+    def _procedure(self) -> bool:
+        """Whether this store starts runs by a ``CALL`` of ``durable_start_run_mariadb_v1``:
+        on MariaDB (not MySQL), unless ``fast_path=False``."""
+        connection = connections[self.using]
+        return (
+            self.fast_path
+            and connection.vendor == "mysql"
+            and bool(getattr(connection, "mysql_is_mariadb", False))
+        )
 
     def create_run(self, run: NewRun) -> None:
         now = timezone.now()
@@ -941,6 +1008,18 @@ def insert_lock_row(connection: BaseDatabaseWrapper, key: str) -> None:
         pass
 
 
+def insert_lock_rows_apart(connection: BaseDatabaseWrapper, keys: Sequence[str]) -> None:
+    """Insert and commit the lock rows of ``keys`` (:func:`insert_lock_row`) on a
+    connection of their own to ``connection``'s database, opened and closed here: for a
+    start inside a transaction of the caller's, which must not insert them itself."""
+    own = type(connection)(connection.settings_dict, connection.alias)
+    try:
+        for key in keys:
+            insert_lock_row(own, key)
+    finally:
+        own.close()
+
+
 def _lock_inserted_rows(connection: BaseDatabaseWrapper, keys: list[str]) -> None:
     if update_lock_rows(connection, keys) != len(keys):
         raise DurableError(
@@ -1243,6 +1322,45 @@ def units_query(
         )
         found = {(tag, status): units for tag, status, units in cursor.fetchall()}
     return [int(sum(found.get((tag, status), 0) for status in s)) for tag, s in wanted]
+
+
+#: The call of MariaDB's start procedure (migration 0006).
+_MARIADB_START_SQL = f"CALL durable_start_run_mariadb_v1({', '.join(['%s'] * 15)})"
+
+
+def _procedure_params(
+    connection: BaseDatabaseWrapper,
+    run: NewRun,
+    quotas: Sequence[Quota],
+    keys: list[str],
+    check_existing: bool,
+    read_namespace: str | None,
+) -> list[Any]:
+    """The arguments of ``durable_start_run_mariadb_v1``, the last one (whether the
+    procedure runs a transaction of its own) left for the caller to set."""
+    return [
+        run.run_id,
+        check_existing,
+        run.workflow,
+        run.version,
+        run.namespace,
+        model_field(Run, "input", JSONField).get_db_prep_save(run.input, connection),
+        json.dumps([[tag, run.weights.get(tag, 1)] for tag in run.tags], ensure_ascii=False),
+        run.queue,
+        run.parent_id,
+        run.attempt,
+        json.dumps(keys, ensure_ascii=False),
+        json.dumps(
+            [
+                [quota.tag, quota.limit, quota.weight, list(dict.fromkeys(quota.count_statuses))]
+                for quota in quotas
+            ],
+            ensure_ascii=False,
+        ),
+        read_namespace,
+        connection.ops.adapt_datetimefield_value(timezone.now()),
+        None,
+    ]
 
 
 def update_lock_rows(connection: BaseDatabaseWrapper, keys: Sequence[str]) -> int:
