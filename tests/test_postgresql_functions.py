@@ -28,6 +28,7 @@ FUNCTIONS_MIGRATIONS = [
     (APP, "0003_quota_weights"),
     (APP, "0004_start_runs_function"),
     (APP, "0005_quota_release_notify"),
+    (APP, "0006_start_runs_set_based"),
 ]
 LATEST = FUNCTIONS_MIGRATIONS[-1]
 

@@ -78,7 +78,7 @@ _START_SQL = (
 )
 _START_MANY_SQL = (
     "SELECT position, outcome, refused, active, found_workflow, found_namespace "
-    "FROM durable_start_runs_v1(%s::jsonb, %s)"
+    "FROM durable_start_runs_v2(%s::jsonb, %s)"
 )
 _CLAIM_SQL = "SELECT * FROM durable_claim_run_v1(%s, %s, %s, %s, %s, %s)"
 _RECORD_HELD_SQL = "SELECT durable_record_held_step_v1(%s, %s, %s::integer, %s, %s, %s, %s)"

@@ -556,3 +556,331 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+
+-- A batch of starts in one call, set-based: for each element of p_runs, in order, what
+-- durable_start_run_v2 does, in a fixed number of statements for the whole batch. Takes
+-- the arguments durable_start_runs_v1 takes (the same JSON elements) and returns the rows
+-- it returns: one per element, its position (from 1) and durable_start_run_v2's row.
+--
+-- 1. Every quota key of every element is locked by one call of durable_lock_quota_keys_v1
+--    (byte order, COLLATE "C"), as durable_start_runs_v1 does, for the same reasons:
+--    batches and single starts, of this release and the previous one, serialise on the
+--    same locks and never wait on each other in a cycle. Everything below is read by
+--    statements begun after the locks were granted.
+-- 2. One statement reads the elements and, for each id that an element checking existing
+--    names, the run holding it (in any namespace).
+-- 3. One statement counts the units of each distinct (key, status) pair of the batch
+--    once: the sum of the weights of the key's tag rows in that status (in
+--    p_read_namespace when given), read from the index on (tag, status, namespace) by
+--    tag and status, as each branch of durable_start_run_v2's count is. A quota's units
+--    are the sum over the statuses of its row (a status named twice counts twice, as it
+--    does there). The same statement lists the units each element's run would add: each
+--    of its tags 'concurrency:' || K, K a key of the batch, weighing its own quota's
+--    weight for K (1 when K is not one of its keys), when its namespace is counted
+--    (p_read_namespace NULL, or its namespace).
+-- 4. A loop over the elements, with no SQL, on arrays: an element that checks existing
+--    and whose id is held (before the batch, or by an earlier element) is 'exists'; else
+--    each of its quotas in order, its units being the counted ones and, when its
+--    statuses name 'pending', the units the earlier created elements added to its key:
+--    the first over its limit refuses ('refused', its position, its units); else, when
+--    its id is held, 'exists' (durable_start_run_v2's insert meets the id); else
+--    'created' (with the units of its last quota), and its run's units are added.
+-- 5. One INSERT ... SELECT of the created runs, in order, each created_at the clock when
+--    its row is made (as durable_start_run_v2's); one INSERT ... SELECT of their tags,
+--    each quota's tag with its weight, other tags weighing 1.
+--
+-- An id the insert meets although step 4 created it (a concurrent start inserted it after
+-- step 2, or a run held it already and no element naming it checks existing) changes what
+-- the decisions must be: the runs inserted are deleted again (this transaction made them
+-- and nothing refers to them yet) and durable_start_runs_v1 decides the batch, element by
+-- element, under the locks already held.
+--
+-- Arguments are refused as durable_start_run_v2 refuses them: an element whose limits,
+-- weights or rows of statuses do not match its keys in number, whose rows name more than
+-- seven statuses, or whose keys repeat; a weight below 1, when its quota is reached.
+CREATE OR REPLACE FUNCTION durable_start_runs_v2(
+    p_runs jsonb,
+    p_read_namespace text
+) RETURNS TABLE(
+    "position" integer, outcome text, refused integer, active bigint, found_workflow text,
+    found_namespace text
+)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET max_parallel_workers_per_gather = 0
+SET jit = off
+AS $$
+DECLARE
+    v_n integer;
+    v_keys text[];
+    v_error text;
+    -- per element, by position
+    v_checks boolean[];
+    v_workflows text[];
+    v_namespaces text[];
+    v_firsts integer[];  -- the position of the batch's first element with its id
+    v_quotas integer[];
+    v_created boolean[];
+    -- by the position of an id's first element: the run holding the id, once known
+    v_held_workflows text[];
+    v_held_namespaces text[];
+    -- per quota, elements in order, each element's quotas in order
+    v_quota_keys integer[];  -- its key's number among the batch's keys
+    v_limits integer[];
+    v_weights integer[];
+    v_units bigint[];
+    v_pendings integer[];  -- how many times its row of statuses names 'pending'
+    -- per key of the batch, by number
+    v_key_names text[];
+    v_added bigint[];  -- the units the created elements added
+    -- the units each element's run would add, elements in order
+    v_add_elements integer[];
+    v_add_keys integer[];
+    v_add_weights integer[];
+    v_adds integer;
+    -- the rows returned, by position
+    v_outcomes text[];
+    v_refused integer[];
+    v_active bigint[];
+    v_found_workflows text[];
+    v_found_namespaces text[];
+    -- the loop
+    v_quota integer := 1;
+    v_add integer := 1;
+    v_first integer;
+    v_held integer;
+    v_weight integer;
+    v_count bigint;
+    v_refusing integer;
+    v_made integer := 0;
+    v_inserted text[];
+BEGIN
+    v_keys := ARRAY(
+        SELECT k.key
+        FROM jsonb_array_elements(p_runs) AS e,
+            jsonb_array_elements_text(coalesce(e.value -> 'keys', '[]'::jsonb)) AS k(key)
+    );
+    IF cardinality(v_keys) > 0 THEN
+        PERFORM durable_lock_quota_keys_v1(v_keys);
+    END IF;
+
+    WITH element AS (
+        SELECT e.ordinality::integer AS ord, e.value ->> 'id' AS id,
+            coalesce((e.value ->> 'check_existing')::boolean, false) AS checks,
+            e.value ->> 'workflow' AS workflow, e.value ->> 'namespace' AS namespace,
+            coalesce(jsonb_array_length(e.value -> 'keys'), 0) AS quotas,
+            coalesce(jsonb_array_length(e.value -> 'limits'), 0) AS limits,
+            coalesce(jsonb_array_length(e.value -> 'weights'), 0) AS weights,
+            e.value -> 'statuses' AS statuses, e.value -> 'keys' AS keys
+        FROM jsonb_array_elements(p_runs) WITH ORDINALITY AS e
+    ), checked AS (
+        SELECT el.ord, el.id, el.checks, el.workflow, el.namespace, el.quotas,
+            min(el.ord) OVER (PARTITION BY el.id) AS first,
+            bool_or(el.checks) OVER (PARTITION BY el.id) AS looked_for,
+            CASE WHEN el.quotas > 0 THEN (
+                SELECT CASE
+                    WHEN coalesce(max(jsonb_array_length(r.value)), 0) = 0
+                        OR count(*) <> el.quotas OR el.limits <> el.quotas
+                        OR el.weights <> el.quotas
+                        OR min(jsonb_array_length(r.value)) <> max(jsonb_array_length(r.value))
+                        THEN 'takes one limit, weight and row of statuses per key'
+                    WHEN max(jsonb_array_length(r.value)) > 7
+                        THEN 'counts at most 7 distinct statuses'
+                    WHEN el.quotas > 1 AND (
+                        SELECT count(DISTINCT k.key)
+                        FROM jsonb_array_elements_text(el.keys) AS k(key)
+                    ) <> el.quotas
+                        THEN 'takes each key once'
+                END
+                FROM jsonb_array_elements(coalesce(el.statuses, '[]'::jsonb)) AS r
+            ) END AS error
+        FROM element AS el
+    )
+    SELECT count(*)::integer,
+        coalesce(array_agg(c.checks ORDER BY c.ord), '{}'),
+        coalesce(array_agg(c.workflow ORDER BY c.ord), '{}'),
+        coalesce(array_agg(c.namespace ORDER BY c.ord), '{}'),
+        coalesce(array_agg(c.first ORDER BY c.ord), '{}'),
+        coalesce(array_agg(c.quotas ORDER BY c.ord), '{}'),
+        coalesce(array_agg(h.workflow ORDER BY c.ord), '{}'),
+        coalesce(array_agg(h.namespace ORDER BY c.ord), '{}'),
+        (array_agg(c.error ORDER BY c.ord) FILTER (WHERE c.error IS NOT NULL))[1]
+    INTO v_n, v_checks, v_workflows, v_namespaces, v_firsts, v_quotas, v_held_workflows,
+        v_held_namespaces, v_error
+    FROM checked AS c
+    LEFT JOIN LATERAL (
+        SELECT r.workflow::text AS workflow, r.namespace::text AS namespace
+        FROM durable_run AS r
+        WHERE c.looked_for AND c.ord = c.first AND r.id = c.id
+    ) AS h ON true;
+    IF v_error IS NOT NULL THEN
+        RAISE EXCEPTION 'durable_start_runs_v2 %', v_error;
+    END IF;
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+
+    IF cardinality(v_keys) > 0 THEN
+        WITH quota AS (
+            SELECT e.ordinality::integer AS ord, k.ordinality::integer AS i, k.key,
+                (e.value -> 'limits' ->> (k.ordinality::integer - 1))::integer AS lim,
+                (e.value -> 'weights' ->> (k.ordinality::integer - 1))::integer AS weight,
+                e.value -> 'statuses' -> (k.ordinality::integer - 1) AS statuses
+            FROM jsonb_array_elements(p_runs) WITH ORDINALITY AS e,
+                jsonb_array_elements_text(e.value -> 'keys') WITH ORDINALITY AS k(key)
+        ), named AS (
+            -- each status of each quota's row, once each time the row names it
+            SELECT q.ord, q.i, q.key, s.status
+            FROM quota AS q, jsonb_array_elements_text(q.statuses) AS s(status)
+            WHERE s.status IS NOT NULL
+        ), counted AS (
+            SELECT p.key, p.status, (
+                SELECT coalesce(sum(t.weight), 0)
+                FROM durable_run_tag AS t
+                WHERE t.tag = 'concurrency:' || p.key AND t.status = p.status
+                    AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+            ) AS units
+            FROM (SELECT DISTINCT n.key, n.status FROM named AS n) AS p
+        ), key AS (
+            SELECT d.key, row_number() OVER (ORDER BY d.key)::integer AS number
+            FROM (SELECT DISTINCT q.key FROM quota AS q) AS d
+        ), quota_units AS (
+            SELECT q.ord, q.i, kn.number, q.lim, q.weight,
+                coalesce(sum(cn.units), 0)::bigint AS units,
+                count(n.status) FILTER (WHERE n.status = 'pending')::integer AS pendings
+            FROM quota AS q
+            JOIN key AS kn ON kn.key = q.key
+            LEFT JOIN named AS n ON n.ord = q.ord AND n.i = q.i
+            LEFT JOIN counted AS cn ON cn.key = n.key AND cn.status = n.status
+            GROUP BY q.ord, q.i, kn.number, q.lim, q.weight
+        ), adding AS (
+            SELECT e.ordinality::integer AS ord, t.n, kn.number, coalesce(q.weight, 1) AS weight
+            FROM jsonb_array_elements(p_runs) WITH ORDINALITY AS e
+            CROSS JOIN LATERAL jsonb_array_elements_text(e.value -> 'tags')
+                WITH ORDINALITY AS t(tag, n)
+            JOIN key AS kn ON t.tag = 'concurrency:' || kn.key
+            LEFT JOIN quota AS q ON q.ord = e.ordinality AND q.key = kn.key
+            WHERE p_read_namespace IS NULL OR e.value ->> 'namespace' = p_read_namespace
+        )
+        SELECT
+            (SELECT array_agg(u.number ORDER BY u.ord, u.i) FROM quota_units AS u),
+            (SELECT array_agg(u.lim ORDER BY u.ord, u.i) FROM quota_units AS u),
+            (SELECT array_agg(u.weight ORDER BY u.ord, u.i) FROM quota_units AS u),
+            (SELECT array_agg(u.units ORDER BY u.ord, u.i) FROM quota_units AS u),
+            (SELECT array_agg(u.pendings ORDER BY u.ord, u.i) FROM quota_units AS u),
+            (SELECT array_agg(kn.key ORDER BY kn.number) FROM key AS kn),
+            (SELECT array_agg(a.ord ORDER BY a.ord, a.n) FROM adding AS a),
+            (SELECT array_agg(a.number ORDER BY a.ord, a.n) FROM adding AS a),
+            (SELECT array_agg(a.weight ORDER BY a.ord, a.n) FROM adding AS a)
+        INTO v_quota_keys, v_limits, v_weights, v_units, v_pendings, v_key_names,
+            v_add_elements, v_add_keys, v_add_weights;
+    END IF;
+
+    v_added := array_fill(0::bigint, ARRAY[coalesce(cardinality(v_key_names), 0)]);
+    v_adds := coalesce(cardinality(v_add_elements), 0);
+    v_created := array_fill(false, ARRAY[v_n]);
+    v_outcomes := array_fill(NULL::text, ARRAY[v_n]);
+    v_refused := array_fill(NULL::integer, ARRAY[v_n]);
+    v_active := array_fill(0::bigint, ARRAY[v_n]);
+    v_found_workflows := array_fill(NULL::text, ARRAY[v_n]);
+    v_found_namespaces := array_fill(NULL::text, ARRAY[v_n]);
+    FOR v_e IN 1 .. v_n LOOP
+        v_first := v_quota;
+        v_quota := v_quota + v_quotas[v_e];
+        v_held := v_firsts[v_e];
+        IF v_checks[v_e] AND v_held_workflows[v_held] IS NOT NULL THEN
+            v_outcomes[v_e] := 'exists';
+            v_found_workflows[v_e] := v_held_workflows[v_held];
+            v_found_namespaces[v_e] := v_held_namespaces[v_held];
+            CONTINUE;
+        END IF;
+        v_count := 0;
+        v_refusing := NULL;
+        FOR v_q IN v_first .. v_quota - 1 LOOP
+            v_weight := v_weights[v_q];
+            IF v_weight IS NULL OR v_weight < 1 THEN
+                RAISE EXCEPTION 'durable_start_runs_v2: weight % of key % is below 1',
+                    v_weight, v_key_names[v_quota_keys[v_q]];
+            END IF;
+            v_count := v_units[v_q] + v_pendings[v_q] * v_added[v_quota_keys[v_q]];
+            IF v_count + v_weight > v_limits[v_q] THEN
+                v_refusing := v_q - v_first + 1;
+                EXIT;
+            END IF;
+        END LOOP;
+        IF v_refusing IS NOT NULL THEN
+            v_outcomes[v_e] := 'refused';
+            v_refused[v_e] := v_refusing;
+            v_active[v_e] := v_count;
+        ELSIF v_held_workflows[v_held] IS NOT NULL THEN
+            v_outcomes[v_e] := 'exists';
+            v_found_workflows[v_e] := v_held_workflows[v_held];
+            v_found_namespaces[v_e] := v_held_namespaces[v_held];
+        ELSE
+            v_held_workflows[v_held] := v_workflows[v_e];
+            v_held_namespaces[v_held] := v_namespaces[v_e];
+            v_created[v_e] := true;
+            v_made := v_made + 1;
+            v_outcomes[v_e] := 'created';
+            v_active[v_e] := v_count;
+            v_found_workflows[v_e] := v_workflows[v_e];
+            v_found_namespaces[v_e] := v_namespaces[v_e];
+            WHILE v_add <= v_adds AND v_add_elements[v_add] <= v_e LOOP
+                IF v_add_elements[v_add] = v_e THEN
+                    v_added[v_add_keys[v_add]] := v_added[v_add_keys[v_add]]
+                        + v_add_weights[v_add];
+                END IF;
+                v_add := v_add + 1;
+            END LOOP;
+        END IF;
+    END LOOP;
+
+    IF v_made > 0 THEN
+        WITH made AS (
+            INSERT INTO durable_run (
+                id, workflow, version, namespace, status, queue, input, output, error,
+                parent_id, blocked_reason, attempt, created_at, updated_at, started_at,
+                finished_at
+            )
+            SELECT r.value ->> 'id', r.value ->> 'workflow', r.value ->> 'version',
+                r.value ->> 'namespace', 'pending', r.value ->> 'queue', r.value -> 'input',
+                NULL, NULL, r.value ->> 'parent_id', '', (r.value ->> 'attempt')::integer,
+                r.now, r.now, NULL, NULL
+            FROM (
+                -- a subquery of its own: clock_timestamp() is read once per row
+                SELECT e.value, clock_timestamp() AS now
+                FROM jsonb_array_elements(p_runs) WITH ORDINALITY AS e
+                WHERE v_created[e.ordinality::integer]
+            ) AS r
+            ON CONFLICT (id) DO NOTHING
+            RETURNING durable_run.id
+        )
+        SELECT array_agg(m.id) INTO v_inserted FROM made AS m;
+        IF coalesce(cardinality(v_inserted), 0) <> v_made THEN
+            DELETE FROM durable_run AS r WHERE r.id = ANY (v_inserted);
+            RETURN QUERY SELECT s."position", s.outcome, s.refused, s.active,
+                    s.found_workflow, s.found_namespace
+                FROM durable_start_runs_v1(p_runs, p_read_namespace) AS s;
+            RETURN;
+        END IF;
+        INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)
+        SELECT e.value ->> 'id', t.tag, 'pending', e.value ->> 'namespace',
+            coalesce(q.weight, 1)
+        FROM jsonb_array_elements(p_runs) WITH ORDINALITY AS e
+        CROSS JOIN LATERAL jsonb_array_elements_text(e.value -> 'tags') AS t(tag)
+        LEFT JOIN LATERAL (
+            SELECT (e.value -> 'weights' ->> (k.ordinality::integer - 1))::integer AS weight
+            FROM jsonb_array_elements_text(e.value -> 'keys') WITH ORDINALITY AS k(key)
+            WHERE t.tag = 'concurrency:' || k.key
+        ) AS q ON true
+        WHERE v_created[e.ordinality::integer];
+    END IF;
+
+    RETURN QUERY
+    SELECT o.ord::integer, o.oc, o.rf, o.ac, o.fw, o.fn
+    FROM unnest(v_outcomes, v_refused, v_active, v_found_workflows, v_found_namespaces)
+        WITH ORDINALITY AS o(oc, rf, ac, fw, fn, ord);
+END
+$$;
