@@ -473,3 +473,45 @@ def test_the_set_based_batch_start_refuses_what_its_callers_must_not_send(batch,
     for function in ("durable_start_runs_v1", "durable_start_runs_v2"):
         with pytest.raises(DatabaseError, match=message):
             start_runs(function, batch, None)
+
+
+@postgresql_only
+@pytest.mark.django_db
+def test_the_set_based_batch_start_decides_random_batches_as_the_per_element_one():
+    """Batches drawn at random (a fixed seed): keys shared between elements and quotas,
+    weights, limits, rows of statuses, ids given twice or held before, elements checking
+    existing or not, other namespaces, under either read namespace."""
+    import random
+
+    hold_the_mixed_batchs_keys()
+    draw = random.Random(11)
+    keys = ["a", "b", "c", "d", "g"]
+    rows = [ALL, ["running"], ["pending", "running"], ["pending"]]
+    for trial in range(30):
+        batch = []
+        for n in range(draw.randint(1, 25)):
+            run_id = draw.choice([f"r{trial}-{n}"] * 5 + [f"r{trial}-0", f"r{trial}-1", "old"])
+            quotas = [
+                (key, draw.randint(1, 8), draw.randint(1, 3), draw.choice(rows))
+                for key in draw.sample(keys, draw.choice([0, 1, 1, 2, 3]))
+            ]
+            batch.append(
+                element(
+                    run_id,
+                    quotas,
+                    # an id held before the batch and looked for by none of its elements
+                    # sends the batch to the per-element function: now and then only
+                    check=draw.random() < (0.95 if run_id == "old" else 0.5),
+                    namespace=draw.choice(["default", "default", "blue"]),
+                )
+            )
+        # check_batch_ids: one id, one workflow and namespace
+        for item in batch:
+            first = next(other for other in batch if other["id"] == item["id"])
+            item["namespace"] = first["namespace"]
+        read_namespace = draw.choice([None, "default"])
+        before = start_runs("durable_start_runs_v1", batch, read_namespace)
+        after = start_runs("durable_start_runs_v2", batch, read_namespace)
+        assert after["rows"] == before["rows"], trial
+        assert after["runs"] == before["runs"], trial
+        assert after["tags"] == before["tags"], trial
