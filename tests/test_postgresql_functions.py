@@ -515,3 +515,56 @@ def test_the_set_based_batch_start_decides_random_batches_as_the_per_element_one
         assert after["rows"] == before["rows"], trial
         assert after["runs"] == before["runs"], trial
         assert after["tags"] == before["tags"], trial
+
+
+@postgresql_only
+@pytest.mark.django_db
+def test_the_set_based_batch_start_counts_each_key_once_from_the_index():
+    """A batch of 40 elements under one key: its units are counted once per status, each
+    an index search on (tag, status) (auto_explain shows the plans of the function's
+    statements), where durable_start_runs_v1 counts once per element."""
+    from django.db import DatabaseError, transaction
+
+    for n in range(30):
+        held(f"done-{n}", "completed", {"concurrency:k": 1})
+    held("k-running", "running", {"concurrency:k": 1})
+    batch = [element(f"e{n}", [("k", 100, 1, ALL)]) for n in range(40)]
+    plans: list[str] = []
+    raw = connection.cursor().connection  # psycopg's
+
+    def keep(notice) -> None:
+        plans.append(notice.message_primary or "")
+
+    raw.add_notice_handler(keep)
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            try:
+                with transaction.atomic():
+                    cursor.execute("LOAD 'auto_explain'")
+            except DatabaseError:
+                pytest.skip("auto_explain needs a superuser")
+            for setting, value in [
+                ("log_min_duration", "0"),
+                ("log_analyze", "on"),
+                ("log_timing", "off"),
+                ("log_nested_statements", "on"),
+                ("log_level", "notice"),
+            ]:
+                cursor.execute(
+                    "SELECT set_config(%s, %s, true)", [f"auto_explain.{setting}", value]
+                )
+            cursor.execute(
+                START_RUNS.format(function="durable_start_runs_v2"), [json.dumps(batch), None]
+            )
+            rows = cursor.fetchall()
+            cursor.execute("SELECT set_config('auto_explain.log_min_duration', '-1', true)")
+            transaction.set_rollback(True)
+    finally:
+        raw.remove_notice_handler(keep)
+    assert [row[1:4] for row in rows] == [("created", None, 1 + n) for n in range(40)]
+    counts = [plan for plan in plans if "durable_tag_count_idx" in plan]
+    assert len(counts) == 1  # one statement reads the tags' index
+    (count,) = counts
+    condition = "(((tag)::text = ('concurrency:'::text || p.key)) AND ((status)::text = p.status))"
+    assert f"Index Cond: {condition}" in count
+    assert f"loops={len(ALL)})" in count  # once per (key, status), not per element
