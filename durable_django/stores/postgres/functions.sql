@@ -598,6 +598,9 @@ $$;
 -- 6. One INSERT ... SELECT of the created runs, in order, each created_at the clock when
 --    its row is made (as durable_start_run_v2's is), and one of their tags.
 --
+-- Its statements are planned once per connection under durable_start_run_v2's settings,
+-- for the same reasons (see durable_start_run_v1).
+--
 -- An id the insert meets although step 5 created it (a concurrent start inserted it after
 -- step 3, or a run held it already and no element naming it checks existing) changes what
 -- the decisions must be: the runs inserted are deleted again (this transaction made them
