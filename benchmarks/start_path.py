@@ -339,7 +339,7 @@ def measure_batches(
     variants = {
         "dm": Variant("dispatch_many, quota", lambda: fast.start_many("bench.quota", inputs)),
         "dm1": Variant(
-            "   dispatch_many, previous function",
+            "   previous: dispatch_many",
             previous_function(lambda: fast.start_many("bench.quota", inputs)),
         ),
         "pt": Variant(
