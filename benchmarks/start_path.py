@@ -306,7 +306,8 @@ def measure_batches(
     bench: ProcrastinateBench | None,
 ) -> None:
     """Batches of ``--batch-size`` starts under one quota key: ``dispatch_many`` (one call
-    of ``durable_start_runs_v1``, the messages sent together on commit) against
+    of ``durable_start_runs_v2``, the messages sent together on commit; and of the
+    previous release's ``durable_start_runs_v1``) against
     Procrastinate's ``batch_defer`` (one INSERT of the jobs, in a database of its own),
     and against as many single starts. Measured in rounds like the starts; the ratio is the
     median of the per-round ratios of runs per second."""
@@ -320,8 +321,27 @@ def measure_batches(
         for input in inputs:
             fast.start("bench.quota", input)
 
+    def previous_function(start: Callable[[], object]) -> Callable[[], object]:
+        """``start`` calling the batch start of the previous release,
+        ``durable_start_runs_v1`` (``durable_start_run_v2`` per element)."""
+        from durable_django.stores import orm
+
+        def run() -> object:
+            current = orm._START_MANY_SQL
+            orm._START_MANY_SQL = current.replace("durable_start_runs_v2", "durable_start_runs_v1")
+            try:
+                return start()
+            finally:
+                orm._START_MANY_SQL = current
+
+        return run
+
     variants = {
         "dm": Variant("dispatch_many, quota", lambda: fast.start_many("bench.quota", inputs)),
+        "dm1": Variant(
+            "   previous: dispatch_many",
+            previous_function(lambda: fast.start_many("bench.quota", inputs)),
+        ),
         "pt": Variant(
             "   portable: dispatch_many", lambda: portable.start_many("bench.quota", inputs)
         ),
@@ -383,7 +403,13 @@ def measure_batches(
             f"| {statistics.median(variant.samples) / 1000:>9.2f} | {pg:>8} | {rd:>11} |"
         )
     print()
-    for top, bottom, goal in (("dm", "proc", 1.0), ("np", "proc", None), ("dm", "loop", None)):
+    for top, bottom, goal in (
+        ("dm", "proc", 1.0),
+        ("dm1", "proc", None),
+        ("dm", "dm1", None),
+        ("np", "proc", None),
+        ("dm", "loop", None),
+    ):
         # runs per second of top over bottom: bottom's time over top's, round by round
         per_round_ratios = [
             b / t for t, b in zip(variants[top].rounds, variants[bottom].rounds, strict=True)

@@ -5,13 +5,13 @@ Each operation takes one of these paths:
 - on PostgreSQL (``fast_path=True``, the default), one call of a function of
   ``stores/postgres/functions.sql``, installed by migrations 0002, 0003 and 0004: a start
   (``durable_start_run_v2``: the advisory lock of each quota key, the existing-run check,
-  the weighted counts and the inserts), a batch of starts (``durable_start_runs_v1``,
-  migration 0004: every key of the batch locked in byte order, then
-  ``durable_start_run_v2`` per element), a claim that also returns the run and its
-  recorded steps (``durable_claim_run_v1``), a step's record with the check that the
-  worker still holds the run (``durable_record_held_step_v1``), and a status change of
-  the run and its tags together, with the turn's last record at the end of a turn
-  (``durable_transition_v1``).
+  the weighted counts and the inserts), a batch of starts (``durable_start_runs_v2``,
+  migration 0006: every key of the batch locked in byte order, each key's units counted
+  once, the elements decided in order, one insert of the runs and one of their tags), a
+  claim that also returns the run and its recorded steps (``durable_claim_run_v1``), a
+  step's record with the check that the worker still holds the run
+  (``durable_record_held_step_v1``), and a status change of the run and its tags
+  together, with the turn's last record at the end of a turn (``durable_transition_v1``).
   Each is one round trip, one statement for its caller, planned once per connection;
 - on MariaDB (``fast_path=True``), ``start_run`` is one ``CALL`` of the stored procedure
   ``durable_start_run_mariadb_v1`` (migration 0006): the portable start's steps below,
@@ -85,7 +85,7 @@ _START_SQL = (
 )
 _START_MANY_SQL = (
     "SELECT position, outcome, refused, active, found_workflow, found_namespace "
-    "FROM durable_start_runs_v1(%s::jsonb, %s)"
+    "FROM durable_start_runs_v2(%s::jsonb, %s)"
 )
 _CLAIM_SQL = "SELECT * FROM durable_claim_run_v1(%s, %s, %s, %s, %s, %s)"
 _RECORD_HELD_SQL = "SELECT durable_record_held_step_v1(%s, %s, %s::integer, %s, %s, %s, %s)"
@@ -389,7 +389,7 @@ class OrmStore(BaseStore):
         self, starts: Sequence[StartRequest], *, read_namespace: str | None
     ) -> list[StartOutcome | ConcurrencyLimitError]:
         """A batch of starts in one transaction, as :meth:`BaseStore.start_runs` says: on
-        PostgreSQL one call of ``durable_start_runs_v1`` (one round trip), elsewhere the
+        PostgreSQL one call of ``durable_start_runs_v2`` (one round trip), elsewhere the
         portable path.
 
         A batch the database chose as the victim of a deadlock is tried again, as a start
@@ -1071,7 +1071,7 @@ _JSON_FIELDS = frozenset({"output", "error", "wait"})
 
 
 def _start_json(start: StartRequest) -> dict[str, Any]:
-    """One start of a batch as ``durable_start_runs_v1`` reads it: the arguments of
+    """One start of a batch as ``durable_start_runs_v2`` (and v1) reads it: the arguments of
     ``durable_start_run_v2``, those that are ``NULL`` left out. ``statuses`` holds one
     row per quota, padded with ``null`` to the longest (a two-dimensional array)."""
     run, quotas = start.run, start.quotas
