@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -294,7 +295,12 @@ class OrmStore(BaseStore):
         check_existing: bool,
         read_namespace: str | None,
     ) -> StartOutcome:
-        """One call of ``durable_start_run_v2``."""
+        """One call of ``durable_start_run_v2``; or, for the first start on a connection
+        (:func:`_first_start_by_statements`), its statements sent without the function."""
+        connection = connections[self.using]
+        connection.ensure_connection()
+        if _first_start_by_statements(connection, quotas):
+            return self._start_by_statements(run, quotas, check_existing, read_namespace)
         params = (
             run.run_id,
             check_existing,
@@ -321,6 +327,36 @@ class OrmStore(BaseStore):
         if outcome == "exists":
             return existing_outcome(run, workflow, namespace, read_namespace)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+
+    def _start_by_statements(
+        self,
+        run: NewRun,
+        quotas: tuple[Quota, ...],
+        check_existing: bool,
+        read_namespace: str | None,
+    ) -> StartOutcome:
+        """What ``durable_start_run_v2`` does, as the statements of one query string
+        (:func:`_start_statements`): one round trip, one transaction of its own outside
+        the caller's."""
+        sql, params = _start_statements(run, quotas, check_existing, read_namespace)
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql, params)
+            while cursor.nextset():
+                pass
+            found_workflow, found_namespace, inserted, *actives = cursor.fetchone()
+        if found_workflow is not None:
+            return existing_outcome(run, found_workflow, found_namespace, read_namespace)
+        if inserted:
+            return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+        for quota, active in zip(quotas, actives, strict=True):
+            if active + quota.weight > quota.limit:
+                raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
+        # Admitted, but a concurrent start without a quota lock inserted this id first;
+        # it has committed by now, and this statement's snapshot sees it.
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(_EXISTING_SQL, [run.run_id])
+            workflow, namespace = cursor.fetchone()
+        return existing_outcome(run, workflow, namespace, read_namespace)
 
     def start_runs(
         self, starts: Sequence[StartRequest], *, read_namespace: str | None
@@ -966,6 +1002,126 @@ _TRANSITION_FIELDS = (
     "started_at",
 )
 _JSON_FIELDS = frozenset({"output", "error", "wait"})
+
+
+#: The DB-API connections that have made a start: their next starts call the function.
+_STARTED_CONNECTIONS: weakref.WeakSet[Any] = weakref.WeakSet()
+_EXISTING_SQL = "SELECT workflow, namespace FROM durable_run WHERE id = %s"
+
+
+def _first_start_by_statements(connection: BaseDatabaseWrapper, quotas: Sequence[Quota]) -> bool:
+    """Whether this start, the first on the DB-API connection, sends
+    :func:`_start_statements` instead of calling ``durable_start_run_v2``.
+
+    The first call of a PL/pgSQL function in a server process compiles it and plans each
+    of its statements, which costs more than planning the statements sent alone; every
+    later call reuses those plans, which costs less. With ``CONN_MAX_AGE = 0`` every start
+    is the first on its connection. The statements need psycopg 3 binding the parameters
+    on the client (Django's default: several statements in one query string), and the
+    arguments the function accepts (each key once, weights of at least 1; it raises the
+    errors of the others).
+    """
+    raw = connection.connection
+    first = raw not in _STARTED_CONNECTIONS
+    _STARTED_CONNECTIONS.add(raw)
+    return (
+        first
+        and hasattr(raw, "pgconn")
+        and not connection.settings_dict.get("OPTIONS", {}).get("server_side_binding")
+        and len({quota.key for quota in quotas}) == len(quotas)
+        and all(quota.weight >= 1 for quota in quotas)
+    )
+
+
+def _start_statements(
+    run: NewRun, quotas: Sequence[Quota], check_existing: bool, read_namespace: str | None
+) -> tuple[str, list[Any]]:
+    """``durable_start_run_v2``'s work as one query string: the lock of each key, then one
+    statement that checks for an existing run (``check_existing``), counts each key's
+    units, and inserts the run and its tags when every quota admits its weight. Its one
+    row: the existing run's workflow and namespace (or NULLs), whether the run was
+    inserted, and each key's units.
+
+    The locks are ``durable_lock_quota_key_v1``'s, one statement per key in the keys' code
+    point order, which is ``durable_lock_quota_keys_v1``'s byte order: the function's
+    locks, in its order. The statements of one query string run in one transaction
+    (outside the caller's, an implicit one, which holds the locks to its end). At READ
+    COMMITTED the last statement takes its snapshot after the locks were granted, so its
+    counts see every start committed before; the count is the function's, a ``UNION
+    ALL`` of one ``tag = K AND status = S`` branch per counted status, for the same reason
+    (both columns search the index), here for the quota's own statuses only.
+    """
+    params: list[Any] = []
+    locks = "".join("SELECT durable_lock_quota_key_v1(%s);\n" for _ in quotas)
+    params += sorted(quota.key for quota in quotas)
+    ctes = []
+    if check_existing:
+        ctes.append("existing AS (SELECT workflow, namespace FROM durable_run WHERE id = %s)")
+        params.append(run.run_id)
+    in_namespace = "" if read_namespace is None else " AND namespace = %s"
+    for number, quota in enumerate(quotas, 1):
+        branches = []
+        for status in dict.fromkeys(quota.count_statuses):
+            branches.append(
+                "SELECT weight FROM durable_run_tag WHERE tag = %s AND status = %s" + in_namespace
+            )
+            params += [TAG_PREFIX + quota.key, status]
+            if read_namespace is not None:
+                params.append(read_namespace)
+        ctes.append(
+            f"q{number} AS (SELECT coalesce(sum(weight), 0) AS active FROM ("
+            + " UNION ALL ".join(branches or ["SELECT 0 AS weight WHERE false"])
+            + ") AS counted)"
+        )
+    admitted = [f"q{number}.active + %s <= %s" for number in range(1, len(quotas) + 1)]
+    params_admitted: list[Any] = [v for quota in quotas for v in (quota.weight, quota.limit)]
+    if check_existing:
+        admitted.append("NOT EXISTS (SELECT FROM existing)")
+    counts = "".join(f", q{number}" for number in range(1, len(quotas) + 1))
+    ctes.append(
+        "run AS (INSERT INTO durable_run (id, workflow, version, namespace, status, queue,"
+        " input, output, error, parent_id, blocked_reason, attempt, created_at, updated_at,"
+        " started_at, finished_at) SELECT %s, %s, %s, %s, 'pending', %s, %s::jsonb, NULL,"
+        " NULL, %s, '', %s, clock.at, clock.at, NULL, NULL"
+        f" FROM (SELECT clock_timestamp() AS at) AS clock{counts}"
+        + (" WHERE " + " AND ".join(admitted) if admitted else "")
+        + " ON CONFLICT (id) DO NOTHING RETURNING id)"
+    )
+    params += [
+        run.run_id,
+        run.workflow,
+        run.version,
+        run.namespace,
+        run.queue,
+        json.dumps(run.input, cls=DjangoJSONEncoder),
+        run.parent_id,
+        run.attempt,
+        *params_admitted,
+    ]
+    if run.tags:
+        weights = {TAG_PREFIX + quota.key: quota.weight for quota in quotas}
+        ctes.append(
+            "tags AS (INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)"
+            " SELECT run.id, t.tag, 'pending', %s, t.weight FROM run, (VALUES "
+            + ", ".join("(%s, %s)" for _ in run.tags)
+            + ") AS t(tag, weight))"
+        )
+        params.append(run.namespace)
+        params += [v for tag in run.tags for v in (tag, weights.get(tag, 1))]
+    existing = (
+        "(SELECT workflow FROM existing), (SELECT namespace FROM existing)"
+        if check_existing
+        else "NULL, NULL"
+    )
+    actives = "".join(f", q{number}.active" for number in range(1, len(quotas) + 1))
+    sql = (
+        locks
+        + "WITH "
+        + ",\n".join(ctes)
+        + f"\nSELECT {existing}, EXISTS (SELECT FROM run){actives}"
+        + (" FROM " + ", ".join(f"q{n}" for n in range(1, len(quotas) + 1)) if quotas else "")
+    )
+    return sql, params
 
 
 def _start_json(start: StartRequest) -> dict[str, Any]:
