@@ -12,7 +12,10 @@ Each operation takes one of two paths:
   worker still holds the run (``durable_record_held_step_v1``), and a status change of
   the run and its tags together, with the turn's last record at the end of a turn
   (``durable_transition_v1``).
-  Each is one round trip, one statement for its caller, planned once per connection;
+  Each is one round trip, one statement for its caller, planned once per connection.
+  The first start on a connection sends the start function's statements instead
+  (``_start_statements``, one round trip): a new server process plans them faster than
+  it compiles the function;
 - elsewhere (SQLite, MySQL/MariaDB), and for what no function covers (a step's record
   replacing a failed one, a claim or a transition setting other columns), the portable
   path: the ORM's queries in one transaction; a start's are parameterised statements
