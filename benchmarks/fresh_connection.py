@@ -5,11 +5,21 @@ Run from the repository root, after ``benchmarks/start_path.py`` made its databa
     .venv/bin/python benchmarks/fresh_connection.py [--database durable_bench] [--connections 200]
 
 For each of ``--connections`` new connections (psycopg, autocommit, as Django opens them
-with ``CONN_MAX_AGE = 0``) it times, one after the other: the connection itself; the
-``SET TIME ZONE 'UTC'`` Django sends on a new connection when the server's ``TimeZone``
-is not literally ``UTC``; then, in separate sessions, the first and second
-``durable_start_run_v1`` call, the same call after the tables were read once, and a
-plain view's first and second one-row ``INSERT``. Medians in µs.
+with ``CONN_MAX_AGE = 0``) per kind of session it times, one after the other: the
+connection itself; the ``SET TIME ZONE 'UTC'`` Django sends on a new connection when the
+server's ``TimeZone`` is not literally ``UTC``; then, in sessions of their own, taken in
+an order that rotates from connection to connection:
+
+- the first and second ``durable_start_run_v2`` call (one quota of weight 1, as
+  ``OrmStore`` sends it), and its first call after the tables were read once;
+- the first and second start sent as statements (``first_start.statements``: what
+  ``OrmStore`` sends for the first start on a connection), and a first
+  ``durable_start_run_v2`` call after it (what a kept connection's second start pays);
+- the parts of those statements on their own: the key's lock; the lock and the count;
+  the run's and its tag's inserts;
+- a plain view's first and second one-row ``INSERT``.
+
+Medians in µs.
 """
 
 from __future__ import annotations
@@ -17,28 +27,86 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
-START = (
-    "SELECT outcome FROM durable_start_run_v1(md5(random()::text), false, 'bench.quota', '1',"
-    " 'default', '{\"tenant\": \"fresh\"}'::jsonb, ARRAY['concurrency:bench:fresh']::text[],"
-    " 'durable_bench', NULL, 1, 'concurrency:bench:fresh',"
-    " ARRAY['pending', 'running', 'suspended', 'blocked']::text[], 1000000, NULL)"
-)
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+KEY = "bench:fresh"
+STATUSES = "ARRAY[ARRAY['pending', 'running', 'suspended', 'blocked']]::text[]"
+
+
+def start_v2(run_id: str) -> str:
+    return (
+        f"SELECT outcome FROM durable_start_run_v2('{run_id}', false, 'bench.quota', '1',"
+        " 'default', '{\"tenant\": \"fresh\"}'::jsonb, ARRAY['concurrency:bench:fresh']::text[],"
+        " 'durable_bench', NULL, 1, ARRAY['bench:fresh']::text[], ARRAY[1000000]::integer[],"
+        f" ARRAY[1]::integer[], {STATUSES}, NULL)"
+    )
+
+
 READ_TABLES = (
     "SELECT (SELECT count(*) FROM durable_run WHERE id = 'none')"
     " + (SELECT count(*) FROM durable_run_tag WHERE tag = 'none' AND status = 'pending')"
 )
-INSERT = (
-    "INSERT INTO durable_run (id, workflow, version, namespace, status, queue, input,"
-    " blocked_reason, attempt, created_at, updated_at) VALUES (md5(random()::text),"
-    " 'bench.plain', '1', 'default', 'completed', 'durable_bench', '{}'::jsonb, '', 1,"
-    " now(), now())"
+LOCK = f"SELECT durable_lock_quota_key_v1('{KEY}')"
+COUNT = (
+    "SELECT coalesce(sum(weight), 0) FROM ("
+    + " UNION ALL ".join(
+        f"SELECT weight FROM durable_run_tag WHERE tag = 'concurrency:{KEY}' AND status = '{s}'"
+        for s in ("pending", "running", "suspended", "blocked")
+    )
+    + ") AS counted"
 )
+
+
+def view_insert(run_id: str) -> str:
+    return (
+        "INSERT INTO durable_run (id, workflow, version, namespace, status, queue, input,"
+        f" blocked_reason, attempt, created_at, updated_at) VALUES ('{run_id}',"
+        " 'bench.plain', '1', 'default', 'completed', 'durable_bench', '{}'::jsonb, '', 1,"
+        " now(), now())"
+    )
+
+
+def both_inserts(run_id: str) -> str:
+    return (
+        view_insert(run_id) + "; INSERT INTO durable_run_tag (run_id, tag, status, namespace,"
+        f" weight) VALUES ('{run_id}', 'concurrency:{KEY}', 'completed', 'default', 1)"
+    )
+
+
+def statements_maker(conn: psycopg.Connection[Any]) -> Callable[[str], str]:
+    """The first start's statements as ``OrmStore`` sends them, with their values."""
+    from durable_django.concurrency import Quota
+    from durable_django.records import NewRun
+    from durable_django.stores.orm import _start_statements
+
+    quota = Quota(KEY, 1_000_000, ("pending", "running", "suspended", "blocked"))
+    cursor = psycopg.ClientCursor(conn)
+
+    def statements(run_id: str) -> str:
+        run = NewRun(
+            run_id=run_id,
+            workflow="bench.quota",
+            version="1",
+            namespace="default",
+            input={"tenant": "fresh"},
+            tags=(f"concurrency:{KEY}",),
+            queue="durable_bench",
+        )
+        sql, params = _start_statements(run, (quota,), False, None)
+        return cursor.mogrify(sql, params)
+
+    return statements
 
 
 def main() -> None:
@@ -46,6 +114,11 @@ def main() -> None:
     parser.add_argument("--database", default="durable_bench")
     parser.add_argument("--connections", type=int, default=200)
     args = parser.parse_args()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+    os.environ["DURABLE_BENCH_DB"] = args.database
+    import django
+
+    django.setup()
     params = {
         "host": os.environ.get("DURABLE_BENCH_HOST", "127.0.0.1"),
         "port": os.environ.get("DURABLE_BENCH_PORT", "5432"),
@@ -61,14 +134,31 @@ def main() -> None:
         times.setdefault(label, []).append((time.perf_counter() - began) * 1e6)
         return result
 
-    sessions: list[list[tuple[str, str]]] = [
-        [("the first start call", START), ("the second start call", START)],
-        [("reading the tables first", READ_TABLES), ("then the first start call", START)],
-        [("a view's first insert", INSERT), ("a view's second insert", INSERT)],
+    def fixed(sql: str) -> Callable[[str], str]:
+        return lambda run_id: sql
+
+    quoting = psycopg.connect(**params)  # quotes the statements' values
+    statements = statements_maker(quoting)
+    sessions: list[list[tuple[str, Callable[[str], str]]]] = [
+        [("the first v2 call", start_v2), ("the second v2 call", start_v2)],
+        [("reading the tables first", fixed(READ_TABLES)), ("then the first v2 call", start_v2)],
+        [
+            ("the first start as statements", statements),
+            ("the second start as statements", statements),
+        ],
+        [
+            ("a first start as statements", statements),
+            ("then the first v2 call (a kept connection's second start)", start_v2),
+        ],
+        [("the key's lock alone, first", fixed(LOCK))],
+        [("the lock and the count, first", fixed(LOCK + "; " + COUNT))],
+        [("the run's and the tag's inserts, first", both_inserts)],
+        [("a view's first insert", view_insert), ("a view's second insert", view_insert)],
     ]
     server_zone = ""
     for number in range(args.connections):
-        for statements in sessions[number % 3 :] + sessions[: number % 3]:
+        shift = number % len(sessions)
+        for steps in sessions[shift:] + sessions[:shift]:
             with timed("connect", psycopg.connect, **params) as conn:
                 server_zone = conn.info.parameter_status("TimeZone") or ""
                 timed(
@@ -76,8 +166,13 @@ def main() -> None:
                     conn.execute,
                     "SET TIME ZONE 'UTC'",
                 )
-                for label, statement in statements:
-                    timed(label, conn.execute, statement)
+                for label, statement in steps:
+                    sql = statement(f"fresh-{uuid.uuid4().hex}")
+                    timed(label, conn.execute, sql)
+    quoting.close()
+    with psycopg.connect(**params) as conn:
+        conn.execute("DELETE FROM durable_run_tag WHERE run_id LIKE 'fresh-%'")
+        conn.execute("DELETE FROM durable_run WHERE id LIKE 'fresh-%'")
     print(f"server TimeZone {server_zone!r}; {args.connections} connections per session kind\n")
     print("| step | median µs |")
     print("| --- | ---: |")

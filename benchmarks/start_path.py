@@ -8,6 +8,7 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/start_path.py [--starts 2000] [--history 1000000]
     .venv/bin/python benchmarks/start_path.py --batches-only [--batch-size 100]
+    .venv/bin/python benchmarks/start_path.py --variants b,view,bF,bF2,viewF [--history 0]
 
 The batch section needs the ``bench`` extra (Procrastinate); without it, it is skipped.
 
@@ -109,6 +110,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batches", type=int, default=60, help="batches per batch variant")
     parser.add_argument(
         "--batches-only", action="store_true", help="measure the batches alone (no history)"
+    )
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="the names of the variants to measure, comma-separated (default: every one),"
+        " e.g. b,view,bF,bF2,viewF; the batches are then left out",
     )
     return parser.parse_args()
 
@@ -534,7 +541,20 @@ def main() -> None:
     celery_send = CelerySendEngine(
         store=OrmStore(), namespace="default", scope_reads=False, queue=QUEUE, registry=registry
     )
+
+    class FunctionFirst(OrmStore):
+        """The start before the first start on a connection was sent as statements: the
+        function's call, its first in the server process on a new connection."""
+
+        def _start_on_postgresql(self, run, quotas, check_existing, read_namespace):
+            from durable_django.stores.postgres import first_start
+
+            connection.ensure_connection()
+            first_start._STARTED.add(connection.connection)
+            return super()._start_on_postgresql(run, quotas, check_existing, read_namespace)
+
     previous = engine(store=PreviousStart())
+    function_first = engine(store=FunctionFirst())
     fast.register("bench.plain", "1", noop, tags=["bench"])
     fast.register("bench.quota", "1", noop, concurrency=quota)
     fast.register("bench.three", "1", noop, concurrency=three)
@@ -627,6 +647,10 @@ def main() -> None:
         "lean": Variant("   lean publish alone", lean_publish_only),
         "view": Variant("   view: Model.objects.create + .delay()", view),
         "bF": Variant("   fresh connection: b", fresh(dispatch_quota)),
+        "bF2": Variant(
+            "   fresh connection: b, function first",
+            fresh(lambda: function_first.start("bench.quota", INPUT_SMALL)),
+        ),
         "viewF": Variant("   fresh connection: view", fresh(view)),
         "na": Variant(
             "   no publish: no quota", lambda: fast_no_publish.start("bench.plain", INPUT_SMALL)
@@ -654,11 +678,21 @@ def main() -> None:
         variants["defer"] = Variant(
             "   Procrastinate defer (sync)", lambda: task.defer(**INPUT_SMALL)
         )
-    if args.history != 1_000_000:
+    if args.variants:
+        chosen = args.variants.split(",")
+        unknown = set(chosen) - set(variants)
+        if unknown:
+            raise SystemExit(f"unknown variants {sorted(unknown)}; known: {list(variants)}")
+        variants = {name: variants[name] for name in chosen}
+    if args.history != 1_000_000 and "c" in variants:
         label = f"{args.history:,}-history"
-        variants["c"].label = f"c  start, quota, {label} key"
-        variants["pc"].label = f"   portable: quota, {label}"
-        variants["nc"].label = f"   no publish: quota, {label}"
+        for name, text in (
+            ("c", f"c  start, quota, {label} key"),
+            ("pc", f"   portable: quota, {label}"),
+            ("nc", f"   no publish: quota, {label}"),
+        ):
+            if name in variants:
+                variants[name].label = text
 
     # Warm up: connections, Celery's producer pool and queue declaration, cached plans.
     for variant in variants.values():
@@ -666,7 +700,7 @@ def main() -> None:
             variant.start()
     complete_quota_runs()
     trips = {name: count_round_trips(v.start) for name, v in variants.items()}
-    untraced = {"bF", "viewF", "defer"}  # on a connection the trace does not follow
+    untraced = {"bF", "bF2", "viewF", "defer"}  # on a connection the trace does not follow
     complete_quota_runs()
 
     names = list(variants)
@@ -749,6 +783,8 @@ def main() -> None:
         ("nb", "defer", ">="),
         ("b", "view", "<= 1.1"),
         ("bF", "viewF", "<= 1.15"),
+        ("bF2", "viewF", None),
+        ("bF", "bF2", None),
         ("pub", "lean", None),
         ("bt", "b", None),
         ("m", "b", "<= 1.3"),
@@ -780,6 +816,12 @@ def main() -> None:
             f"ratio of overall medians {overall:.3f}){verdict}"
         )
     print()
+    if args.variants:
+        purged += purge_queue(app)
+        for close in closers:
+            close()
+        print(f"purged {purged} messages from Redis queue {QUEUE!r}")
+        return
     print(explain_count(args.history, variants["c"].start))
     complete_quota_runs()
     measure_batches(args, fast, portable, fast_no_publish, bench)

@@ -3,18 +3,21 @@
 Each operation takes one of these paths:
 
 - on PostgreSQL (``fast_path=True``, the default), one call of a function of
-  ``stores/postgres/functions.sql``, installed by migrations 0002, 0003 and 0004: a start
+  ``stores/postgres/functions.sql``, installed by migrations 0002 to 0005 and 0008: a start
   (``durable_start_run_v2``: the advisory lock of each quota key, the existing-run check,
   the weighted counts and the inserts), a batch of starts (``durable_start_runs_v2``,
-  migration 0006: every key of the batch locked in byte order, each key's units counted
+  migration 0008: every key of the batch locked in byte order, each key's units counted
   once, the elements decided in order, one insert of the runs and one of their tags), a
   claim that also returns the run and its recorded steps (``durable_claim_run_v1``), a
   step's record with the check that the worker still holds the run
   (``durable_record_held_step_v1``), and a status change of the run and its tags
   together, with the turn's last record at the end of a turn (``durable_transition_v1``).
-  Each is one round trip, one statement for its caller, planned once per connection;
+  Each is one round trip, one statement for its caller, planned once per connection.
+  The first start on a connection sends the start function's statements instead
+  (``stores/postgres/first_start.py``, one round trip): a new server process plans them faster than
+  it compiles the function;
 - on MariaDB (``fast_path=True``), ``start_run`` is one ``CALL`` of the stored procedure
-  ``durable_start_run_mariadb_v1`` (migration 0006): the portable start's steps below,
+  ``durable_start_run_mariadb_v1`` (migration 0007): the portable start's steps below,
   under the same lock rows, in one round trip (:meth:`OrmStore._start_on_mariadb`);
 - elsewhere (SQLite, MySQL, and on MariaDB everything but ``start_run``), and for what
   no function covers (a step's record replacing a failed one, a claim or a transition
@@ -74,6 +77,7 @@ from .base import (
     quota_transaction,
 )
 from .database_checks import collation_errors, database_warnings
+from .postgres import first_start
 
 #: The calls of the functions of ``stores/postgres/functions.sql``.
 _LOCK_KEY_SQL = "SELECT durable_lock_quota_key_v1(%s)"
@@ -306,7 +310,12 @@ class OrmStore(BaseStore):
         check_existing: bool,
         read_namespace: str | None,
     ) -> StartOutcome:
-        """One call of ``durable_start_run_v2``."""
+        """One call of ``durable_start_run_v2``; or, for the first start on a connection
+        (``first_start.by_statements``), its statements sent without the function."""
+        connection = connections[self.using]
+        connection.ensure_connection()
+        if first_start.by_statements(connection, quotas):
+            return self._start_by_statements(run, quotas, check_existing, read_namespace)
         params = (
             run.run_id,
             check_existing,
@@ -334,6 +343,36 @@ class OrmStore(BaseStore):
             return existing_outcome(run, workflow, namespace, read_namespace)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
 
+    def _start_by_statements(
+        self,
+        run: NewRun,
+        quotas: tuple[Quota, ...],
+        check_existing: bool,
+        read_namespace: str | None,
+    ) -> StartOutcome:
+        """What ``durable_start_run_v2`` does, as the statements of one query string
+        (``first_start.statements``): one round trip, one transaction of its own outside the
+        caller's."""
+        sql, params = first_start.statements(run, quotas, check_existing, read_namespace)
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(sql, params)
+            while cursor.nextset():
+                pass
+            found_workflow, found_namespace, inserted, *actives = cursor.fetchone()
+        if found_workflow is not None:
+            return existing_outcome(run, found_workflow, found_namespace, read_namespace)
+        if inserted:
+            return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+        for quota, active in zip(quotas, actives, strict=True):
+            if active + quota.weight > quota.limit:
+                raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
+        # Admitted, but a concurrent start without a quota lock inserted this id first;
+        # it has committed by now, and this statement's snapshot sees it.
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(first_start.EXISTING_SQL, [run.run_id])
+            workflow, namespace = cursor.fetchone()
+        return existing_outcome(run, workflow, namespace, read_namespace)
+
     def _start_on_mariadb(
         self,
         run: NewRun,
@@ -341,7 +380,7 @@ class OrmStore(BaseStore):
         check_existing: bool,
         read_namespace: str | None,
     ) -> StartOutcome:
-        """One ``CALL`` of the procedure ``durable_start_run_mariadb_v1`` (migration 0006),
+        """One ``CALL`` of the procedure ``durable_start_run_mariadb_v1`` (migration 0007),
         which takes the portable start's steps under the same locks (:meth:`_row_lock`).
 
         Outside a transaction of the caller's the procedure runs its own transaction,
@@ -1324,7 +1363,7 @@ def units_query(
     return [int(sum(found.get((tag, status), 0) for status in s)) for tag, s in wanted]
 
 
-#: The call of MariaDB's start procedure (migration 0006).
+#: The call of MariaDB's start procedure (migration 0007).
 _MARIADB_START_SQL = f"CALL durable_start_run_mariadb_v1({', '.join(['%s'] * 15)})"
 
 
