@@ -67,6 +67,8 @@ ACTIVE = ("pending", "running")
 GOAL_SOON = 0.80
 GOAL_WORST = 3.0
 VARIANTS = ("not fair", "fair")
+WHAT_IF = ("generations", "late")
+_late = threading.local()
 
 
 def parse_args() -> argparse.Namespace:
@@ -83,12 +85,15 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--what-if",
-        choices=("none", "generations"),
-        default="none",
-        help="an experiment, not the library's behaviour: 'generations' estimates a "
-        "refusal with more units ahead than the holders free (a ticket deep in the line) "
-        "as the runs of those ahead starting in turn and lasting the typical duration, "
-        "instead of when the last holder ends",
+        choices=WHAT_IF,
+        action="append",
+        default=[],
+        help="an experiment, not the library's behaviour (may be repeated): "
+        "'generations' estimates a refusal with more units ahead than the holders free "
+        "(a ticket deep in the line) as the runs of those ahead starting in turn and "
+        "lasting the typical duration, instead of when the last holder ends; 'late' "
+        "estimates a fair quota's refusals from the 90th percentile of what is left of "
+        "the recorded durations, not their median",
     )
     parser.add_argument("--database", default="durable_bench_fairness")
     parser.add_argument("--seed", type=int, default=1)
@@ -115,6 +120,32 @@ def soonest_free_by_generations(held: Any, recorded: Any, limit: int, needed: in
     for _ in range(needed - 1):
         heapq.heappush(frees, heapq.heappop(frees) + typical)
     return frees[0]
+
+
+def patch_what_if(what_if: list[str]) -> None:
+    """Replace parts of :mod:`durable_django.estimates` for ``--what-if``."""
+    from durable_django import estimates
+
+    if "generations" in what_if:
+        estimates.soonest_free = soonest_free_by_generations  # type: ignore[assignment]
+    if "late" in what_if:
+        explain, remaining = estimates.explain, estimates.remaining
+
+        def late_explain(engine: Any, error: Any, *args: Any, **kwargs: Any) -> None:
+            _late.on = error.line is not None  # a fair quota's refusal
+            try:
+                explain(engine, error, *args, **kwargs)
+            finally:
+                _late.on = False
+
+        def late_remaining(age: float, recorded: Any) -> float:
+            left = [duration - age for duration in recorded if duration > age]
+            if left and getattr(_late, "on", False):
+                return percentile(left, 0.9)
+            return remaining(age, recorded)
+
+        estimates.explain = late_explain  # type: ignore[assignment]
+        estimates.remaining = late_remaining  # type: ignore[assignment]
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -469,7 +500,7 @@ def report(halves: list[Half], args: argparse.Namespace) -> None:
         f"\nlimit {args.limit}, runs {args.duration:g} s ± {SPREAD:.0%}, {args.polite} polite "
         f"clients, {args.flood} flood client(s) pausing {args.flood_pause * 1000:g} ms, "
         f"fair_window {args.window:g} s, {args.seconds:g} s per variant (A B A B)"
-        + ("" if args.what_if == "none" else f", what-if: {args.what_if}")
+        + (f", what-if: {' + '.join(args.what_if)}" if args.what_if else "")
         + "\n"
     )
     print(
@@ -507,7 +538,7 @@ def diagnostics(halves: list[Half], args: argparse.Namespace) -> None:
         for p in retries
         if p.kept_expires is not None
         and p.kept_expiry_set is not None
-        and p.kept_expires < p.kept_expiry_set - datetime.timedelta(seconds=0.5)
+        and p.kept_expires < p.kept_expiry_set - datetime.timedelta(seconds=0.2)
     ]
     print(
         f"- came back with the ticket not kept (first return, or row gone): {len(unkept)}; "
@@ -594,10 +625,7 @@ def main() -> None:
     def fair_run(ctx: Any, input: dict[str, Any]) -> None:  # never executed: no worker
         return None
 
-    if args.what_if == "generations":
-        from durable_django import estimates
-
-        estimates.soonest_free = soonest_free_by_generations  # type: ignore[assignment]
+    patch_what_if(args.what_if)
     engine = Engine(enqueue=False)
     rng = random.Random(args.seed)
     finisher = Finisher(engine)
