@@ -51,6 +51,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,7 @@ def patch_what_if(what_if: list[str]) -> None:
     from durable_django import estimates
 
     if "generations" in what_if:
-        estimates.soonest_free = soonest_free_by_generations  # type: ignore[assignment]
+        estimates.soonest_free = soonest_free_by_generations
     if "late" in what_if:
         explain, remaining = estimates.explain, estimates.remaining
 
@@ -144,8 +145,8 @@ def patch_what_if(what_if: list[str]) -> None:
                 return percentile(left, 0.9)
             return remaining(age, recorded)
 
-        estimates.explain = late_explain  # type: ignore[assignment]
-        estimates.remaining = late_remaining  # type: ignore[assignment]
+        estimates.explain = late_explain
+        estimates.remaining = late_remaining
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -326,7 +327,8 @@ def run_half(engine: Any, finisher: Finisher, half: Half, args: argparse.Namespa
                         seconds = int(response["Retry-After"])
                         new = response.get(HEADER) if half.fair else None
                         if retry is not None:
-                            same = new is not None and read_ticket(new).id == read_ticket(ticket).id  # type: ignore[arg-type]
+                            shown = read_ticket(ticket).id if ticket is not None else None
+                            same = new is not None and read_ticket(new).id == shown
                             retry.outcome = "refused, place kept" if same else "refused, new ticket"
                             retry.held, retry.active = error.held, error.active
                         ticket = new
@@ -579,7 +581,7 @@ def diagnostics(halves: list[Half], args: argparse.Namespace) -> None:
         )
     print("fair variant, each refusal's Retry-After against the time to admission after it:")
     refusals = [x for r in requests for x in r.refusals if x[2] is not None]
-    groups = {
+    groups: dict[str, Callable[[int], bool]] = {
         "no ticket ahead": lambda ahead: ahead == 0,
         f"1-{args.limit - 1} units ahead": lambda ahead: 0 < ahead < args.limit,
         f">= {args.limit} units ahead": lambda ahead: ahead >= args.limit,
@@ -630,7 +632,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     finisher = Finisher(engine)
     finisher.start()
-    halves = []
+    halves: list[Half] = []
     for variant in (*VARIANTS, *VARIANTS):
         half = Half(variant, f"fair:{uuid.uuid4().hex}", variant == "fair")
         seed_history(half.key, rng, args)
