@@ -162,6 +162,7 @@ EXACT_COLUMNS = {
     "durable_schedule.concurrency_key",
     "durable_schedule.last_run_id",
     "durable_quota_lock.key",
+    "durable_quota_ticket.quota_key",
 }
 
 
