@@ -20,6 +20,7 @@ read fails, ``retry_after`` is that 1 second and ``estimate.basis`` says why.
 from __future__ import annotations
 
 import datetime
+import heapq
 import logging
 import statistics
 from collections.abc import Collection, Sequence
@@ -134,13 +135,22 @@ def remaining(age: float, recorded: Sequence[float]) -> float:
 
 
 def soonest_free(
-    held: Sequence[Holder], recorded: Sequence[float], limit: int, needed: int = 1
+    held: Sequence[Holder],
+    recorded: Sequence[float],
+    limit: int,
+    needed: int = 1,
+    ahead: int = 0,
 ) -> float:
     """Seconds until ``needed`` units fit under ``limit``: the holders expected to end
-    first end until they do (``0`` when they already fit)."""
-    over = sum(units(holder) for holder in held) + needed - limit
+    first end until they do (``0`` when they already fit).
+
+    With ``ahead`` units of a fair quota's tickets served first (:func:`turn_comes`),
+    when the start's turn likely comes."""
+    over = sum(units(holder) for holder in held) + ahead + needed - limit
     if over <= 0:
         return 0.0
+    if ahead and limit > 0:
+        return turn_comes(held, recorded, limit, needed, ahead)
     ends = sorted((remaining(holder.age, recorded), units(holder)) for holder in held)
     freed = 0
     for seconds, occupied in ends:
@@ -150,6 +160,24 @@ def soonest_free(
     return ends[-1][0] if ends else 0.0
 
 
+def turn_comes(
+    held: Sequence[Holder], recorded: Sequence[float], limit: int, needed: int, ahead: int
+) -> float:
+    """Seconds until a start weighing ``needed`` units gets them after ``ahead`` units of
+    older tickets: each unit of the limit frees when its holder likely ends (at once when
+    it is free now), and each ticket ahead then holds one for the typical (median)
+    recorded duration before it frees again; the start's turn comes when the last of its
+    units frees."""
+    typical = statistics.median(recorded)
+    slots = [0.0] * max(0, limit - sum(units(holder) for holder in held))
+    for holder in held:
+        slots += [remaining(holder.age, recorded)] * units(holder)
+    heapq.heapify(slots)
+    for _ in range(ahead):
+        heapq.heappush(slots, heapq.heappop(slots) + typical)
+    return max(heapq.heappop(slots) for _ in range(min(needed, len(slots))))
+
+
 def estimate(
     engine: Engine,
     key: str,
@@ -157,9 +185,10 @@ def estimate(
     statuses: Collection[str] = DEFAULT_CONCURRENCY_STATUSES,
     now: datetime.datetime | None = None,
     needed: int = 1,
+    ahead: int = 0,
 ) -> Estimate:
-    """When a start weighing ``needed`` units under ``key`` (``limit``) likely fits: two
-    reads, no writes. A read
+    """When a start weighing ``needed`` units under ``key`` (``limit``) likely fits, after
+    ``ahead`` units of a fair quota's older tickets: two reads, no writes. A read
     that fails gives the default, with ``basis="read failed"``; it never raises."""
     now = now or timezone.now()
     try:
@@ -172,7 +201,7 @@ def estimate(
     oldest = held[0].age if held else None
     if not recorded:
         return Estimate(DEFAULT_RETRY_AFTER, NO_HISTORY, oldest_age=oldest)
-    seconds = soonest_free(held, recorded, limit, needed)
+    seconds = soonest_free(held, recorded, limit, needed, ahead)
     return Estimate(
         round(max(DEFAULT_RETRY_AFTER, seconds), 3),
         HISTORY,
@@ -196,11 +225,13 @@ def explain(
     statuses: Collection[str] = DEFAULT_CONCURRENCY_STATUSES,
     *,
     needed: int = 1,
+    ahead: int = 0,
 ) -> None:
     """Give a refusal its ``retry_after``, ``estimate`` and engine (for ``holders()``);
-    ``needed`` is the refused start's weight under the key."""
+    ``needed`` is the refused start's weight under the key, ``ahead`` the units of the
+    older tickets of a fair quota served before it."""
     error.engine = engine
-    error.estimate = estimate(engine, error.key, error.limit, statuses, needed=needed)
+    error.estimate = estimate(engine, error.key, error.limit, statuses, needed=needed, ahead=ahead)
     error.retry_after = error.estimate.seconds
 
 
@@ -217,5 +248,6 @@ __all__ = [
     "holders",
     "remaining",
     "soonest_free",
+    "turn_comes",
     "units",
 ]

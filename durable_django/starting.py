@@ -444,19 +444,19 @@ def _refused_many(
     history once, whatever the number of elements the key refused. A batch presents no
     tickets and is given none; under a fair quota its elements wait behind the kept
     tickets like any start without one."""
-    shared: dict[tuple[str, int, tuple[str, ...], int], estimates.Estimate] = {}
+    shared: dict[tuple[str, int, tuple[str, ...], int, int], estimates.Estimate] = {}
     for index, error in refused:
         quota = next(q for q in requests[index].quotas if q.key == error.key)
         statuses = tuple(quota.count_statuses)
         line: tickets.Line | None = error.line
-        needed = quota.weight + (line.ahead if line else 0)
-        what = (error.key, error.limit, statuses, needed)
+        ahead = line.ahead if line else 0
+        what = (error.key, error.limit, statuses, quota.weight, ahead)
         if what in shared:
             error.engine = engine
             error.estimate = shared[what]
             error.retry_after = error.estimate.seconds
         else:
-            estimates.explain(engine, error, statuses, needed=needed)
+            estimates.explain(engine, error, statuses, needed=quota.weight, ahead=ahead)
             if error.estimate is not None:
                 shared[what] = error.estimate
         if line is not None and line.holding and quota.fair_window is not None:
@@ -579,7 +579,8 @@ def _refused(
         engine,
         error,
         quota.count_statuses if quota else quotas.DEFAULT_CONCURRENCY_STATUSES,
-        needed=(quota.weight if quota else 1) + (line.ahead if line else 0),
+        needed=quota.weight if quota else 1,
+        ahead=line.ahead if line else 0,
     )
     if line is not None and quota is not None and quota.fair_window is not None:
         _keep_line(engine, error, quota, line, give_ticket)

@@ -25,6 +25,7 @@ from django.utils import timezone
 from durable_django import Concurrency, ConcurrencyLimitError, Engine, RunStatus
 from durable_django import engine as default_engine
 from durable_django.concurrency import DEFAULT_FAIR_WINDOW, Quota, merge
+from durable_django.estimates import Holder, soonest_free
 from durable_django.lifecycle import ACTIVE_STATUSES
 from durable_django.stores import OrmStore
 from durable_django.tickets import HEADER, KeptTicket, issue, place_in_line, read
@@ -421,3 +422,17 @@ def test_a_ticket_reads_back_without_time_zones():
     ticket = read(issue("k", 1, now, now + datetime.timedelta(seconds=5)).token)
     assert timezone.is_naive(ticket.issued_at)
     assert abs((ticket.issued_at - now).total_seconds()) < 1e-5
+
+
+def test_a_tickets_retry_after_counts_the_turns_ahead_of_it():
+    """Two holders ending in 1 s and 2 s, runs lasting 3 s: with two units of tickets
+    ahead, the start's turn comes when the first of their runs ends, at 4 s."""
+    recorded = [3.0] * 5
+    held = [
+        Holder("a", "wf", "running", None, None, age=2.0),
+        Holder("b", "wf", "running", None, None, age=1.0),
+    ]
+    assert soonest_free(held, recorded, limit=2) == 1.0
+    assert soonest_free(held, recorded, limit=2, ahead=2) == 4.0
+    assert soonest_free(held, recorded, limit=3, ahead=2) == 2.0  # one slot free now
+    assert soonest_free(held, recorded, limit=2, needed=2, ahead=1) == 4.0
