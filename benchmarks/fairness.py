@@ -68,8 +68,6 @@ ACTIVE = ("pending", "running")
 GOAL_SOON = 0.80
 GOAL_WORST = 3.0
 VARIANTS = ("not fair", "fair")
-WHAT_IF = ("generations", "late")
-_late = threading.local()
 
 
 def parse_args() -> argparse.Namespace:
@@ -84,69 +82,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--drain", type=float, default=30, help="seconds the requests under way may finish in"
     )
-    parser.add_argument(
-        "--what-if",
-        choices=WHAT_IF,
-        action="append",
-        default=[],
-        help="an experiment, not the library's behaviour (may be repeated): "
-        "'generations' estimates a refusal with more units ahead than the holders free "
-        "(a ticket deep in the line) as the runs of those ahead starting in turn and "
-        "lasting the typical duration, instead of when the last holder ends; 'late' "
-        "estimates a fair quota's refusals from the 90th percentile of what is left of "
-        "the recorded durations, not their median",
-    )
     parser.add_argument("--database", default="durable_bench_fairness")
     parser.add_argument("--seed", type=int, default=1)
     return parser.parse_args()
-
-
-def soonest_free_by_generations(held: Any, recorded: Any, limit: int, needed: int = 1) -> float:
-    """``--what-if generations``: seconds until ``needed`` units fit, the units ahead of
-    the start (``needed - 1`` of them, its own weight being 1) taking the slots as they
-    free, each run of theirs lasting the typical (median) recorded duration."""
-    from durable_django import estimates
-
-    active = sum(estimates.units(holder) for holder in held)
-    if active + needed <= limit:
-        return 0.0
-    typical = statistics.median(recorded)
-    frees = sorted(
-        estimates.remaining(holder.age, recorded)
-        for holder in held
-        for _ in range(estimates.units(holder))
-    )
-    frees += [0.0] * max(0, limit - len(frees))
-    heapq.heapify(frees)
-    for _ in range(needed - 1):
-        heapq.heappush(frees, heapq.heappop(frees) + typical)
-    return frees[0]
-
-
-def patch_what_if(what_if: list[str]) -> None:
-    """Replace parts of :mod:`durable_django.estimates` for ``--what-if``."""
-    from durable_django import estimates
-
-    if "generations" in what_if:
-        estimates.soonest_free = soonest_free_by_generations
-    if "late" in what_if:
-        explain, remaining = estimates.explain, estimates.remaining
-
-        def late_explain(engine: Any, error: Any, *args: Any, **kwargs: Any) -> None:
-            _late.on = error.line is not None  # a fair quota's refusal
-            try:
-                explain(engine, error, *args, **kwargs)
-            finally:
-                _late.on = False
-
-        def late_remaining(age: float, recorded: Any) -> float:
-            left = [duration - age for duration in recorded if duration > age]
-            if left and getattr(_late, "on", False):
-                return percentile(left, 0.9)
-            return remaining(age, recorded)
-
-        estimates.explain = late_explain
-        estimates.remaining = late_remaining
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -501,9 +439,7 @@ def report(halves: list[Half], args: argparse.Namespace) -> None:
     print(
         f"\nlimit {args.limit}, runs {args.duration:g} s ± {SPREAD:.0%}, {args.polite} polite "
         f"clients, {args.flood} flood client(s) pausing {args.flood_pause * 1000:g} ms, "
-        f"fair_window {args.window:g} s, {args.seconds:g} s per variant (A B A B)"
-        + (f", what-if: {' + '.join(args.what_if)}" if args.what_if else "")
-        + "\n"
+        f"fair_window {args.window:g} s, {args.seconds:g} s per variant (A B A B)" + "\n"
     )
     print(
         "| variant | polite requests | admitted at once | at 1st retry (of refused) "
@@ -627,7 +563,6 @@ def main() -> None:
     def fair_run(ctx: Any, input: dict[str, Any]) -> None:  # never executed: no worker
         return None
 
-    patch_what_if(args.what_if)
     engine = Engine(enqueue=False)
     rng = random.Random(args.seed)
     finisher = Finisher(engine)
