@@ -448,12 +448,14 @@ class QuotaLock(models.Model):
 
 
 class QuotaTicket(models.Model):
-    """A ticket a fair quota keeps: a refused start's place in its key's line, kept once
+    """A ticket a fair quota keeps: a refused start's place in its key's line, taken when
     its client came back with it (:mod:`durable_django.tickets`)."""
 
     id = models.CharField(primary_key=True, max_length=32)
     quota_key = ExactCharField(max_length=255)
-    issued_at = models.DateTimeField(help_text="When the start holding it was first refused.")
+    joined_at = models.DateTimeField(
+        help_text="When its client first came back with it: its place in the key's line."
+    )
     weight = models.PositiveIntegerField(default=1)
     expires_at = models.DateTimeField(help_text="Past this, the ticket holds no place.")
 
@@ -461,7 +463,7 @@ class QuotaTicket(models.Model):
         db_table = "durable_quota_ticket"
         verbose_name = "quota ticket"
         verbose_name_plural = "quota tickets"
-        indexes = [models.Index(fields=["quota_key", "issued_at"], name="durable_ticket_line")]
+        indexes = [models.Index(fields=["quota_key", "joined_at"], name="durable_ticket_line")]
 
     def __str__(self) -> str:
         return f"{self.quota_key} {self.id}"

@@ -596,9 +596,10 @@ def _keep_line(
 ) -> None:
     """A fair quota's refusal, in its key's line: the tickets whose turn came are held
     for at most the quota's window; with ``give_ticket``, the start's ticket (the one it
-    presented, now kept, or a new one, not kept until it comes back) goes on the error,
-    valid until ``retry_after`` and the window have passed. A write that fails is
-    logged: the refusal stands, and the ticket keeps its place unkept."""
+    presented, now kept, joining the back of the line if it had not, or a new one, not
+    kept until it comes back) goes on the error, valid until ``retry_after`` and the
+    window have passed. A write that fails is logged: the refusal stands, and the ticket
+    stays valid, unkept."""
     now = timezone.now()
     window = datetime.timedelta(seconds=quota.fair_window or 0)
     expires = now + datetime.timedelta(seconds=error.retry_after) + window
@@ -611,9 +612,7 @@ def _keep_line(
             engine.store.hold_tickets(line.holding, now + window)
         if give_ticket and presented is not None:
             engine.store.keep_ticket(
-                tickets.KeptTicket(
-                    presented.id, quota.key, presented.issued_at, quota.weight, expires
-                )
+                tickets.KeptTicket(presented.id, quota.key, now, quota.weight, expires)
             )
     except Exception:  # the refusal stands whatever the writes did
         logger.warning("could not keep the tickets of key %r", quota.key, exc_info=True)

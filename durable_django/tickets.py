@@ -2,14 +2,16 @@
 
 A **fair** quota (``Concurrency(..., fair=True)``) gives each start it refuses a
 **ticket**, ``ConcurrencyLimitError.ticket``: an opaque string, signed with the
-project's ``SECRET_KEY``, holding the start's place in its key's line (when it was
-first refused). A retry presenting it (``dispatch(..., ticket=...)``, or the
-``Durable-Ticket`` request header read by the 429 middleware and decorator) keeps that
-place:
+project's ``SECRET_KEY``. A retry presenting it (``dispatch(..., ticket=...)``, or the
+``Durable-Ticket`` request header read by the 429 middleware and decorator) takes, and
+then keeps, a place in the key's line:
 
-- A ticket is **kept** by the store the first time its client comes back with it and is
-  refused again. Until then it reserves nothing: the refusals of a client that never
-  presents its tickets (a flood) write nothing and hold no slot.
+- A ticket is **kept** by the store, and joins the back of the line, the first time its
+  client comes back with it and is refused again. Until then it reserves nothing: the
+  refusals of a client that never presents its tickets (a flood) write nothing and hold
+  no slot. (Joining on the first return rather than on the first refusal keeps the line
+  known: a ticket's ``retry_after`` counts everything ahead of it, and no ticket issued
+  earlier but presented later jumps ahead of it.)
 - When a slot frees while kept tickets wait, the slot is **held** for the oldest of them:
   a start without an older ticket is refused (``error.held`` says how many units are
   held for tickets ahead of it), and the ticket's holder is admitted when it comes back.
@@ -19,8 +21,8 @@ place:
 - A kept ticket also expires ``retry_after + fair_window`` after its last refusal, an
   unkept one ``retry_after + fair_window`` after it was issued. An expired ticket counts
   as none: its refusal gives a new ticket, at the back of the line.
-- A ticket's ``retry_after`` counts the units of the tickets ahead of it: it says when
-  its turn likely comes, not when the next slot frees.
+- A kept ticket's ``retry_after`` counts the units of the tickets ahead of it: it says
+  when its turn likely comes, not when the next slot frees.
 
 A ticket only ever refuses a start the quota would admit, never admits one it would
 refuse: the limit holds as it does without tickets. A key with no kept ticket behaves
@@ -57,8 +59,8 @@ _presented: ContextVar[str | None] = ContextVar("durable_django_ticket", default
 @dataclass(frozen=True, slots=True)
 class Ticket:
     """A ticket read from its token: its ``id``, its quota ``key``, when the start it
-    stands for was first refused (``issued_at``, its place), the start's ``weight``, and
-    when it expires unless the store keeps it (``due``)."""
+    stands for was first refused (``issued_at``), the start's ``weight``, and when it
+    expires unless the store keeps it (``due``)."""
 
     token: str
     id: str
@@ -67,27 +69,23 @@ class Ticket:
     weight: int
     due: datetime.datetime
 
-    @property
-    def place(self) -> tuple[datetime.datetime, str]:
-        """Its place in the key's line: older first, ties broken by id."""
-        return (self.issued_at, self.id)
-
 
 @dataclass(frozen=True, slots=True)
 class KeptTicket:
-    """A ticket the store keeps: a place in key ``key``'s line, reserving ``weight``
-    units until ``expires_at``."""
+    """A ticket the store keeps: a place in key ``key``'s line, taken when its client
+    first came back with it (``joined_at``), reserving ``weight`` units until
+    ``expires_at``."""
 
     id: str
     key: str
-    issued_at: datetime.datetime
+    joined_at: datetime.datetime
     weight: int
     expires_at: datetime.datetime
 
     @property
     def place(self) -> tuple[datetime.datetime, str]:
-        """Its place in the key's line."""
-        return (self.issued_at, self.id)
+        """Its place in the key's line: the earlier joined first, ties broken by id."""
+        return (self.joined_at, self.id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +109,8 @@ def issue(
     issued_at: datetime.datetime,
     due: datetime.datetime,
 ) -> Ticket:
-    """A new ticket for a start refused under ``key``: its place is ``issued_at``."""
+    """A new ticket for a start refused under ``key`` at ``issued_at``, valid until
+    ``due`` unless kept."""
     ticket_id = uuid.uuid4().hex
     payload = {"i": ticket_id, "k": key, "t": _micros(issued_at), "w": weight, "d": _micros(due)}
     token = signing.dumps(payload, salt=_SALT, compress=True)
@@ -182,22 +181,21 @@ def place_in_line(
 ) -> Line:
     """Where a start weighing ``weight`` stands in ``key``'s line, given the tickets the
     store keeps for the key (``kept``, live or expired, any order), the start's ticket,
-    and the key's ``active`` units under ``limit``."""
+    and the key's ``active`` units under ``limit``: behind every live kept ticket, or,
+    with a kept ticket of its own, behind those that joined before it."""
     mine = ticket if ticket is not None and ticket.key == key else None
-    is_kept = False
+    row = None
     if mine is not None:
         row = next((entry for entry in kept if entry.id == mine.id), None)
-        if row is not None:
-            is_kept = row.expires_at > now
-            mine = mine if is_kept else None
-        elif mine.due <= now:
+        if row is not None and row.expires_at <= now:
+            mine = row = None  # kept, and expired: no ticket
+        elif row is None and mine.due <= now:
             mine = None
     ahead = sorted(
         (
             entry
             for entry in kept
-            if entry.expires_at > now
-            and (mine is None or (entry.id != mine.id and entry.place < mine.place))
+            if entry.expires_at > now and (row is None or entry.place < row.place)
         ),
         key=lambda entry: entry.place,
     )
@@ -211,7 +209,7 @@ def place_in_line(
             if taken > free:
                 break
             holding.append(entry.id)
-    return Line(mine, is_kept, units, tuple(holding))
+    return Line(mine, row is not None, units, tuple(holding))
 
 
 def _micros(moment: datetime.datetime) -> int:

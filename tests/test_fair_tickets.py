@@ -128,6 +128,9 @@ def test_the_line_counts_only_live_kept_tickets_ahead():
     mine = issue("k", 1, now - datetime.timedelta(seconds=1), later)
     line = place_in_line([mid, gone, old], mine, "k", active=0, limit=2, weight=1, now=now)
     assert (line.ticket, line.kept, line.ahead, line.holding) == (mine, False, 3, ("a",))
+    mine_kept = KeptTicket(mine.id, "k", now - datetime.timedelta(seconds=2.5), 1, later)
+    line = place_in_line([mid, old, mine_kept], mine, "k", active=0, limit=2, weight=1, now=now)
+    assert (line.kept, line.ahead, line.holding) == (True, 1, ())  # behind "a" only: fits
     line = place_in_line([mid, old], None, "k", active=2, limit=2, weight=1, now=now)
     assert (line.ahead, line.holding) == (3, ())  # full anyway: nothing is held
 
@@ -164,20 +167,23 @@ def test_a_ticket_presented_again_is_served_before_later_starts(fair_engine):
     assert kept(fair_engine, key) == []  # admitted: the ticket is dropped
 
 
-def test_tickets_are_served_oldest_first(fair_engine):
+def test_tickets_are_served_in_the_order_they_joined_the_line(fair_engine):
+    """A ticket joins the line when its client first comes back with it: one issued
+    earlier but presented later is served later."""
     key = fresh_key()
     first = start(fair_engine, key, limit=2)
     second = start(fair_engine, key, limit=2)
-    older = refused(fair_engine, key, limit=2).ticket
-    newer = refused(fair_engine, key, limit=2).ticket
-    refused(fair_engine, key, newer, limit=2)
-    refused(fair_engine, key, older, limit=2)
-    assert [t.id for t in kept(fair_engine, key)] == [read(older).id, read(newer).id]
+    issued_first = refused(fair_engine, key, limit=2).ticket
+    issued_later = refused(fair_engine, key, limit=2).ticket
+    refused(fair_engine, key, issued_later, limit=2)  # joins first
+    behind = refused(fair_engine, key, issued_first, limit=2)
+    assert behind.held == 1  # one ticket ahead of it
+    assert [t.id for t in kept(fair_engine, key)] == [read(issued_later).id, read(issued_first).id]
     finish(fair_engine, first)
-    assert refused(fair_engine, key, newer, limit=2).held == 1  # the older one's turn
-    start(fair_engine, key, older, limit=2)
+    assert refused(fair_engine, key, issued_first, limit=2).held == 1  # the other's turn
+    start(fair_engine, key, issued_later, limit=2)
     finish(fair_engine, second)
-    start(fair_engine, key, newer, limit=2)
+    start(fair_engine, key, issued_first, limit=2)
     assert kept(fair_engine, key) == []
 
 

@@ -17,7 +17,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.CharField(max_length=32, primary_key=True, serialize=False)),
                 ('quota_key', durable_django.fields.ExactCharField(max_length=255)),
-                ('issued_at', models.DateTimeField(help_text='When the start holding it was first refused.')),
+                ('joined_at', models.DateTimeField(help_text="When its client first came back with it: its place in the key's line.")),
                 ('weight', models.PositiveIntegerField(default=1)),
                 ('expires_at', models.DateTimeField(help_text='Past this, the ticket holds no place.')),
             ],
@@ -25,7 +25,7 @@ class Migration(migrations.Migration):
                 'verbose_name': 'quota ticket',
                 'verbose_name_plural': 'quota tickets',
                 'db_table': 'durable_quota_ticket',
-                'indexes': [models.Index(fields=['quota_key', 'issued_at'], name='durable_ticket_line')],
+                'indexes': [models.Index(fields=['quota_key', 'joined_at'], name='durable_ticket_line')],
             },
         ),
     ]

@@ -945,7 +945,9 @@ class StoreContract:
         older = issue(key, 1, now - 2 * SECOND, now + HOUR)
         newer = issue(key, 1, now - SECOND, now + HOUR)
         for ticket in (newer, older):
-            store.keep_ticket(KeptTicket(ticket.id, key, ticket.issued_at, 1, now + HOUR))
+            store.keep_ticket(
+                KeptTicket(ticket.id, key, ticket.issued_at, 1, now + HOUR)
+            )  # joined then
         assert sorted(t.id for t in store.ticket_line(key)) == sorted([older.id, newer.id])
         assert store.ticket_line(key + ":other") == []
         with store.atomic(), pytest.raises(ConcurrencyLimitError) as caught:

@@ -83,6 +83,9 @@ class MemoryStore(BaseStore):
                 t.id for t in self._tickets.values() if t.key == ticket.key and t.expires_at <= now
             ]:
                 del self._tickets[expired]
+            kept = self._tickets.get(ticket.id)
+            if kept is not None:  # its place stays; its expiry and weight move
+                ticket = dataclasses.replace(ticket, joined_at=kept.joined_at)
             self._tickets[ticket.id] = ticket
 
     def hold_tickets(self, ticket_ids: Collection[str], until: datetime) -> None:

@@ -30,10 +30,10 @@ def line(using: str, key: str) -> list[KeptTicket]:
     rows = (
         QuotaTicket.objects.using(using)
         .filter(quota_key=key)
-        .order_by("issued_at", "id")
-        .values_list("id", "issued_at", "weight", "expires_at")
+        .order_by("joined_at", "id")
+        .values_list("id", "joined_at", "weight", "expires_at")
     )
-    return [KeptTicket(id, key, issued, weight, expires) for id, issued, weight, expires in rows]
+    return [KeptTicket(id, key, joined, weight, expires) for id, joined, weight, expires in rows]
 
 
 def drop(using: str, ticket_id: str) -> None:
@@ -68,12 +68,12 @@ def keep(using: str, ticket: KeptTicket) -> None:
             with _savepoint(connection):
                 cursor.execute(
                     f"INSERT INTO {table} ({quote('id')}, {quote('quota_key')}, "
-                    f"{quote('issued_at')}, {quote('weight')}, {quote('expires_at')}) "
+                    f"{quote('joined_at')}, {quote('weight')}, {quote('expires_at')}) "
                     f"VALUES (%s, %s, %s, %s, %s)",
                     [
                         ticket.id,
                         ticket.key,
-                        adapt(ticket.issued_at),
+                        adapt(ticket.joined_at),
                         ticket.weight,
                         adapt(ticket.expires_at),
                     ],
