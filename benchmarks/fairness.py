@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/fairness.py [--seconds 60] [--limit 4] [--polite 8]
+    .venv/bin/python benchmarks/fairness.py [--seconds 60] [--limit 4] [--polite 6]
 
 It (re)creates the PostgreSQL database ``durable_bench_fairness`` (``--database``),
 migrates it, and runs one process with one key of limit ``--limit`` at a time:
@@ -74,7 +74,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60, help="per variant, in 2 halves")
     parser.add_argument("--limit", type=int, default=4)
-    parser.add_argument("--polite", type=int, default=8, help="polite client threads")
+    parser.add_argument("--polite", type=int, default=6, help="polite client threads")
     parser.add_argument("--flood", type=int, default=1, help="flood client threads")
     parser.add_argument("--flood-pause", type=float, default=0.015, help="seconds")
     parser.add_argument("--duration", type=float, default=2.0, help="typical run, seconds")
