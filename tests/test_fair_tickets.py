@@ -442,3 +442,28 @@ def test_a_tickets_retry_after_counts_the_turns_ahead_of_it():
     assert soonest_free(held, recorded, limit=2, ahead=2) == 4.0
     assert soonest_free(held, recorded, limit=3, ahead=2) == 2.0  # one slot free now
     assert soonest_free(held, recorded, limit=2, needed=2, ahead=1) == 4.0
+
+
+def test_a_waiting_start_presents_the_ticket_its_last_attempt_got(memory_engine):
+    """A start with wait= keeps its place across attempts: its second refusal keeps its
+    ticket, and a later start without one finds the freed slot held for it."""
+    memory_engine.register("fair.echo", "1", echo)
+    key = fresh_key()
+    holder = start(memory_engine, key)
+    waited: list[Any] = []
+
+    def waiter() -> None:
+        waited.append(memory_engine.start("fair.echo", {}, concurrency=fair(key), wait=10).run_id)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not kept(memory_engine, key):  # the waiter's second attempt kept its ticket
+        assert time.monotonic() < deadline, "the waiting start's ticket was never kept"
+        time.sleep(0.01)
+    finish(memory_engine, holder)
+    late = refused(memory_engine, key)
+    assert (late.held, late.active) in ((1, 0), (0, 1))  # held for it, or it got in
+    thread.join(10)
+    assert waited and memory_engine.get_run(waited[0]).status == RunStatus.PENDING
+    assert kept(memory_engine, key) == []
