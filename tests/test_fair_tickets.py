@@ -280,6 +280,41 @@ def test_a_ticket_is_kept_when_the_callers_transaction_rolls_back(registry):
     assert [t.id for t in kept(engine, key)] == [read(ticket).id]
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has one writer: see above")
+def test_a_second_start_presenting_a_spent_ticket_in_one_transaction_does_not_hang(registry):
+    """A request admitted with its ticket (the ticket's row deleted, locked by the
+    request's transaction) and then starting again with it: the refusal's write, on a
+    connection of its own, gives up after its lock timeout instead of waiting on the
+    request forever; the refusal stands."""
+    engine = Engine(registry=registry, store=OrmStore(), enqueue=False)
+    engine.register("fair.echo", "1", echo)
+    key = fresh_key()
+    holder = start(engine, key)
+    ticket = refused(engine, key).ticket
+    refused(engine, key, ticket)
+    finish(engine, holder)
+    outcomes: list[Any] = []
+
+    def request() -> None:
+        try:
+            with transaction.atomic():
+                outcomes.append(start(engine, key, ticket))
+                with pytest.raises(ConcurrencyLimitError) as caught:
+                    start(engine, key, ticket)
+                outcomes.append(caught.value)
+        except BaseException as error:  # reported below
+            outcomes.append(error)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=request, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the second start waited on its own transaction"
+    assert [type(outcome) for outcome in outcomes] == [str, ConcurrencyLimitError]
+
+
 # HTTP ------------------------------------------------------------------------------------
 
 

@@ -102,6 +102,16 @@ def _table(connection: BaseDatabaseWrapper) -> tuple[str, Any]:
     return quote(QuotaTicket._meta.db_table), quote
 
 
+#: How long a write on a connection of its own waits for a row lock. The caller's open
+#: transaction may hold the lock itself (it admitted a start with that ticket, and a
+#: second start of the same request presents it again): the write then fails after this
+#: long, is logged, and the refusal stands, instead of waiting on its own caller forever.
+_LOCK_TIMEOUT = {
+    "postgresql": "SET lock_timeout = '2s'",
+    "mysql": "SET SESSION innodb_lock_wait_timeout = 2",
+}
+
+
 @contextlib.contextmanager
 def _writing(using: str) -> Iterator[tuple[BaseDatabaseWrapper, Any]]:
     """A connection and cursor whose writes commit at the end of the block: this thread's
@@ -117,6 +127,8 @@ def _writing(using: str) -> Iterator[tuple[BaseDatabaseWrapper, Any]]:
     own = type(connection)(connection.settings_dict, connection.alias)
     try:
         with own.cursor() as cursor:
+            if own.vendor in _LOCK_TIMEOUT:
+                cursor.execute(_LOCK_TIMEOUT[own.vendor])
             yield own, cursor
     finally:
         own.close()
