@@ -27,7 +27,7 @@ from durable_django import engine as default_engine
 from durable_django.concurrency import DEFAULT_FAIR_WINDOW, Quota, merge
 from durable_django.estimates import Holder, soonest_free
 from durable_django.lifecycle import ACTIVE_STATUSES
-from durable_django.stores import OrmStore
+from durable_django.stores import MemoryStore, OrmStore
 from durable_django.tickets import HEADER, KeptTicket, issue, place_in_line, read
 
 from . import hammer_tickets
@@ -502,3 +502,30 @@ def test_a_waiting_start_presents_the_ticket_its_last_attempt_got(memory_engine)
     thread.join(10)
     assert waited and memory_engine.get_run(waited[0]).status == RunStatus.PENDING
     assert kept(memory_engine, key) == []
+
+
+class RefusesTicketWrites(MemoryStore):
+    """A store whose ticket writes fail, as a database refusing them or gone away would."""
+
+    def keep_ticket(self, ticket: KeptTicket) -> None:
+        raise OSError("the database went away")
+
+    def hold_tickets(self, ticket_ids: Any, until: Any) -> None:
+        raise OSError("the database went away")
+
+
+def test_a_failed_ticket_write_leaves_the_refusal_standing(registry, caplog):
+    """The keep and the hold are written after the refused start's transaction: when
+    they fail, the refusal is raised as it would be, nothing is created, the failure is
+    logged, and the ticket stays valid (unkept)."""
+    engine = Engine(registry=registry, store=RefusesTicketWrites(), enqueue=False)
+    engine.register("fair.echo", "1", echo)
+    key = fresh_key()
+    holder = start(engine, key)
+    ticket = refused(engine, key).ticket
+    with caplog.at_level("WARNING", logger="durable_django.starting"):
+        again = refused(engine, key, ticket)  # the keep fails
+    assert again.ticket == ticket
+    assert "could not keep the tickets" in caplog.text
+    finish(engine, holder)
+    start(engine, key, ticket)  # the slot freed; nothing was held
