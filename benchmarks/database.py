@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: a PostgreSQL database of their own, made anew."""
+"""What the benchmark scripts share: a PostgreSQL database of their own, made anew, and
+Django set up on it."""
 
 from __future__ import annotations
 
@@ -25,3 +26,16 @@ def recreate_database(name: str) -> None:
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def set_up_django(name: str) -> None:
+    """Make the database ``name`` anew (:func:`recreate_database`), point the benchmark
+    settings at it (``DURABLE_BENCH_DB``), set Django up and migrate."""
+    os.environ["DURABLE_BENCH_DB"] = name
+    recreate_database(name)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)

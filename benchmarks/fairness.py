@@ -546,18 +546,11 @@ def diagnostics(halves: list[Half], args: argparse.Namespace) -> None:
 
 def main() -> None:
     args = parse_args()
-    os.environ["DURABLE_BENCH_DB"] = args.database
-    from benchmarks.database import recreate_database
+    from benchmarks.database import set_up_django
 
-    recreate_database(args.database)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    set_up_django(args.database)
 
     from durable_django import Engine, workflow
-
-    call_command("migrate", verbosity=0)
 
     @workflow(name=WORKFLOW, version="1")
     def fair_run(ctx: Any, input: dict[str, Any]) -> None:  # never executed: no worker

@@ -188,19 +188,12 @@ def summary(name: str, pairs: list[tuple[float, float]], typical: float = TYPICA
 
 def main() -> None:
     args = parse_args()
-    os.environ["DURABLE_BENCH_DB"] = args.database
-    from benchmarks.database import recreate_database
+    from benchmarks.database import set_up_django
 
-    recreate_database(args.database)
-    import django
+    set_up_django(args.database)
 
-    django.setup()
-    from django.core.management import call_command
-
-    from durable_django import Engine
-
-    call_command("migrate", verbosity=0)
     import benchmarks.retry_after_work  # noqa: F401  (registers bench.sleep)
+    from durable_django import Engine
 
     rng = random.Random(args.seed)
     engine = Engine(enqueue=False)

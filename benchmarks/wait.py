@@ -194,16 +194,10 @@ def trigger_cost(args: argparse.Namespace) -> None:
 
 def main() -> None:
     args = parse_args()
-    os.environ["DURABLE_BENCH_DB"] = args.database
-    from benchmarks.database import recreate_database
+    from benchmarks.database import set_up_django
 
-    recreate_database(args.database)
-    import django
+    set_up_django(args.database)
 
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
     rng = random.Random(args.seed)
     release_table(args, rng)
     trigger_cost(args)
