@@ -21,6 +21,9 @@ DEFAULTS: dict[str, Any] = {
     "QUEUE": "",
     # False: starts create runs but send nothing to Celery (drive them with run_until_idle).
     "ENQUEUE": True,
+    # "background": a start's message leaves from a thread of the process, in batches, once
+    # the start commits; "inline": the committing caller sends it (a broker round trip).
+    "PUBLISH": "background",
     # A worker holds a running run under a lease this long, renewed every third of it;
     # a run whose worker died is handed to another once its lease lapses.
     "LEASE_SECONDS": 60,

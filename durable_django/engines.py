@@ -43,6 +43,11 @@ from .usage import QuotaUsage, quota_usage
 from .waiting import Wait
 
 
+#: ``DURABLE["PUBLISH"]``: messages sent from the process's sender thread, or by the
+#: caller once its transaction commits.
+PUBLISH_MODES = ("background", "inline")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """An engine's options once resolved against the settings."""
@@ -52,6 +57,7 @@ class EngineConfig:
     scope_reads: bool
     queue: str
     enqueue: bool
+    publish: str
     lease_seconds: float
     blocked_retry_seconds: float
     pending_resend_seconds: float
@@ -71,6 +77,7 @@ class Engine:
         scope_reads: bool | None = None,
         queue: str | None = None,
         enqueue: bool | None = None,
+        publish: str | None = None,
         registry: Registry | None = None,
     ) -> None:
         self.registry = registry if registry is not None else default_registry
@@ -80,6 +87,7 @@ class Engine:
             "SCOPE_READS": scope_reads,
             "QUEUE": queue,
             "ENQUEUE": enqueue,
+            "PUBLISH": publish,
             "LEASE_SECONDS": None,
             "BLOCKED_RETRY_SECONDS": None,
             "PENDING_RESEND_SECONDS": None,
@@ -109,6 +117,7 @@ class Engine:
                     else ""
                 ),
                 enqueue=bool(merged["ENQUEUE"]),
+                publish=_publish_mode(merged["PUBLISH"]),
                 lease_seconds=_positive(merged, "LEASE_SECONDS"),
                 blocked_retry_seconds=_positive(merged, "BLOCKED_RETRY_SECONDS"),
                 pending_resend_seconds=_positive(merged, "PENDING_RESEND_SECONDS"),
@@ -340,10 +349,13 @@ class Engine:
 
     def send(self, run_id: str, queue: str) -> None:
         """Have a worker execute the run once the current transaction commits (a message on
-        ``queue``; nothing when the engine does not enqueue or its store is not shared)."""
+        ``queue``; nothing when the engine does not enqueue or its store is not shared).
+        The message leaves from this process's sender thread unless ``PUBLISH`` is
+        ``"inline"``."""
         config = self.config
         if config.enqueue and config.store.is_shared:
-            config.store.on_commit(lambda: send_run(run_id, queue))
+            later = config.publish == "background"
+            config.store.on_commit(lambda: send_run(run_id, queue, later=later))
 
     def send_many(self, run_ids: Sequence[str], queue: str) -> None:
         """``send`` for several runs of one queue: their messages are sent together
@@ -351,7 +363,8 @@ class Engine:
         config = self.config
         if run_ids and config.enqueue and config.store.is_shared:
             batch = list(run_ids)
-            config.store.on_commit(lambda: send_runs(batch, queue))
+            later = config.publish == "background"
+            config.store.on_commit(lambda: send_runs(batch, queue, later=later))
 
     # waking, signals, cancel and retry ----------------------------------------------
 
@@ -553,6 +566,12 @@ def _positive(options: dict[str, Any], name: str) -> float:
     return float(value)
 
 
+def _publish_mode(value: Any) -> str:
+    if value not in PUBLISH_MODES:
+        raise ValueError(f"DURABLE['PUBLISH'] must be one of {list(PUBLISH_MODES)}, not {value!r}")
+    return str(value)
+
+
 def _check_filters(**filters: Any) -> None:
     """Refuse text no run can hold (a NUL or a surrogate): the database would raise."""
     for name, value in filters.items():
@@ -571,22 +590,28 @@ def _check_statuses(statuses: Collection[str] | None) -> list[str] | None:
     return list(statuses)
 
 
-def send_run(run_id: str, queue: str) -> None:
+def send_run(run_id: str, queue: str, *, later: bool = False) -> None:
     """Send the Celery message that makes a worker execute ``run_id`` (JSON, never pickle):
-    the lean publish of :mod:`durable_django.publishing`."""
-    from .publishing import publish_run
+    the lean publish of :mod:`durable_django.publishing`, inline, or from this process's
+    sender thread when ``later`` (:mod:`durable_django.sending`)."""
+    send_runs((run_id,), queue, later=later)
 
-    publish_run(run_id, queue)
 
-
-def send_runs(run_ids: Sequence[str], queue: str) -> None:
+def send_runs(run_ids: Sequence[str], queue: str, *, later: bool = False) -> None:
     """Send the Celery messages of several runs on ``queue`` together: one message per
     run, as :func:`send_run` makes it, in one call of
     :func:`~durable_django.publishing.publish_runs` (one broker connection, one round
-    trip on Redis; with ``task_always_eager`` each run executes at once)."""
-    from .publishing import publish_runs
+    trip on Redis; with ``task_always_eager`` each run executes at once); from this
+    process's sender thread when ``later``."""
+    runs = [(run_id, queue) for run_id in run_ids]
+    if later:
+        from .sending import send_later
 
-    publish_runs([(run_id, queue) for run_id in run_ids])
+        send_later(runs)
+    else:
+        from .publishing import publish_runs
+
+        publish_runs(runs)
 
 
 #: The default engine, configured from ``settings.DURABLE`` on first use.

@@ -6,8 +6,10 @@ import dataclasses
 from typing import Any
 
 from celery import shared_task
+from celery.signals import task_postrun
 from django.db import InterfaceError, OperationalError
 
+from . import sending
 from .conf import durable_settings
 from .db import close_connections
 from .engines import default_engine
@@ -43,6 +45,14 @@ def execute_run(run_id: str) -> None:
     except Exception:
         close_connections()
         raise
+
+
+@task_postrun.connect(weak=False)
+def send_before_the_next_task(**_: Any) -> None:
+    """After each task a worker runs, wait (at most ``sending.EXIT_FLUSH_SECONDS``) for the
+    run messages it handed to the sender: a pool process may be ended at any task's end,
+    and its messages must not wait for the tick."""
+    sending.flush(sending.EXIT_FLUSH_SECONDS)
 
 
 @shared_task(name="durable_django.tick", ignore_result=True, serializer="json")

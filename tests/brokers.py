@@ -139,6 +139,7 @@ class RedisBroker(Broker):
         self.client.lpush(queue, raw[0])
 
     def drop_messages(self, queue: str) -> None:
+        worker.sent()
         self.client.delete(*worker.queue_keys(queue)[: 1 + len(worker.PRIORITIES)])
 
     def delete_queue(self, queue: str) -> None:
@@ -177,6 +178,7 @@ class RabbitMQBroker(Broker):
     def channel(self) -> Iterator[amqp.Channel]:
         """A channel of its own: a refused method closes the channel it was sent on, and
         closing a channel puts the messages it took without acknowledging them back."""
+        worker.sent()
         channel = self.connection.channel()
         try:
             yield channel

@@ -27,7 +27,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from durable_django import RunHandle, RunTimeout
+from durable_django import RunHandle, RunTimeout, sending
 
 from .celery_app import app
 
@@ -62,13 +62,22 @@ def queue_keys(queue: str) -> list[str]:
     ]
 
 
+def sent() -> None:
+    """Wait until the run messages this process handed to its sender thread have left
+    (``durable_django.sending``): what the tests read or change on a queue is then what
+    the starts made so far sent."""
+    assert sending.flush(10), "run messages were still not sent after 10 s"
+
+
 def queued_count(client: redis.Redis, queue: str) -> int:
     """How many messages wait on ``queue``, at every priority."""
+    sent()
     return sum(client.llen(key) for key in queue_keys(queue)[: 1 + len(PRIORITIES)])
 
 
 def raw_messages(client: redis.Redis, queue: str) -> list[bytes]:
     """The raw messages waiting on ``queue`` (default priority), oldest first."""
+    sent()
     return list(reversed(client.lrange(queue, 0, -1)))
 
 
@@ -93,6 +102,7 @@ def queued_run_ids(client: redis.Redis, queue: str) -> list[str]:
 
 def delete_queue(client: redis.Redis, queue: str) -> None:
     """Remove ``queue``, its messages and its bindings from the broker."""
+    sent()
     client.delete(*queue_keys(queue))
 
 
