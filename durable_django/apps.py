@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from django.apps import AppConfig
 
 
@@ -22,6 +24,8 @@ class DurableConfig(AppConfig):
         def reload_engine(setting: str, **kwargs: object) -> None:
             if setting == "DURABLE":
                 default_engine.reload()
+            elif setting.startswith("CELERY") and "durable_django.publishing" in sys.modules:
+                sys.modules["durable_django.publishing"].forget_publisher()
 
         setting_changed.connect(reload_engine, weak=False, dispatch_uid="durable_reload")
         autodiscover_modules("workflows")

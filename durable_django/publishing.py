@@ -20,9 +20,11 @@ setting), runs go through ``apply_async`` and execute at once, as Celery does.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -62,21 +64,47 @@ class Route:
 class _Pooled:
     """A producer on a connection of its own, and the queues declared on it."""
 
-    __slots__ = ("connection", "declared", "producer", "ready")
+    __slots__ = ("connection", "declared", "producer", "ready", "redis", "redis_connection")
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self.producer = Producer(connection)
         self.declared: set[str] = set()
         self.ready = False
+        self.redis: Any = None  # kombu's Redis channel, when messages can be written to it
+        self.redis_connection: Any = None  # one connection of its pool, kept for the pushes
 
     def prepare(self) -> None:
         """Open the channel; on Redis, have it keep one client for its connection pool."""
-        _keep_redis_client(self.producer.channel)
+        channel = self.producer.channel
+        _keep_redis_client(channel)
+        if _writable_redis(channel):
+            self.redis = channel
         self.ready = True
+
+    def push(self, by_key: dict[str, list[bytes]]) -> None:
+        """``LPUSH key *values`` for each key, pipelined in one round trip, on a Redis
+        connection this producer keeps (redis-py's client and pool add over 100 µs of
+        their own to every command). Call only when :attr:`redis` is set."""
+        connection = self.redis_connection
+        if connection is None:
+            pool = self.redis.client.connection_pool
+            try:
+                connection = pool.get_connection()
+            except TypeError:  # redis-py before 5.3 names the command
+                connection = pool.get_connection("LPUSH")
+            self.redis_connection = connection
+        connection.send_packed_command(
+            [b"".join(_lpush_command(key, values) for key, values in by_key.items())]
+        )
+        for _ in by_key:
+            connection.read_response()
 
     def close(self) -> None:
         # a connection that broke may fail to close; it is dropped anyway
+        if self.redis_connection is not None:
+            with contextlib.suppress(Exception):
+                self.redis_connection.disconnect()
         with contextlib.suppress(Exception):
             self.connection.close()
 
@@ -103,6 +131,79 @@ def _keep_redis_client(channel: Any) -> None:
     channel.Client = client
 
 
+def _bulk(value: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+def _lpush_command(key: str, values: list[bytes]) -> bytes:
+    """``LPUSH key *values`` in Redis's protocol (RESP)."""
+    return b"*%d\r\n$5\r\nLPUSH\r\n%s%s" % (
+        len(values) + 2,
+        _bulk(key.encode()),
+        b"".join(_bulk(value) for value in values),
+    )
+
+
+# Placeholders for what differs from one message to the next, in an envelope's template.
+_BODY, _TASK_ID, _ARGSREPR, _TAG = "\x00body", "\x00task", "\x00args", "\x00tag"
+_SLOT = re.compile(r'"\\u0000(body|task|args|tag)"')
+
+
+class Envelope:
+    """The JSON that kombu's Redis transport stores for a message of one route: rendered
+    once with placeholders, then for each message only its run id, task id and delivery
+    tag are put in (the same document ``json.dumps`` would write for it)."""
+
+    __slots__ = ("literals", "slots")
+
+    def __init__(self, route: Route, headers: dict[str, Any]) -> None:
+        headers = {**headers, "id": _TASK_ID, "root_id": _TASK_ID, "argsrepr": _ARGSREPR}
+        text = json.dumps(
+            {
+                "body": _BODY,
+                "content-encoding": "utf-8",
+                "content-type": "application/json",
+                "headers": headers,
+                "properties": {
+                    "correlation_id": _TASK_ID,
+                    "reply_to": "",
+                    "delivery_mode": route.delivery_mode,
+                    "delivery_info": {"exchange": "", "routing_key": route.routing_key},
+                    "priority": 0,
+                    "body_encoding": "base64",
+                    "delivery_tag": _TAG,
+                },
+            }
+        )
+        pieces = _SLOT.split(text)
+        self.literals = [piece.encode() for piece in pieces[0::2]]
+        self.slots = pieces[1::2]
+
+    def render(self, run_id: str) -> bytes:
+        """The envelope of ``run_id``'s message, with a new task id and delivery tag."""
+        body = (_BODY_HEAD + json.dumps(run_id) + _BODY_TAIL).encode()
+        values = {
+            "body": b'"' + base64.b64encode(body) + b'"',
+            "task": b'"%s"' % str(uuid.uuid4()).encode(),
+            "args": json.dumps(f"({run_id!r},)").encode(),
+            "tag": b'"%s"' % str(uuid.uuid4()).encode(),
+        }
+        parts = [self.literals[0]]
+        for slot, literal in zip(self.slots, self.literals[1:], strict=True):
+            parts += (values[slot], literal)
+        return b"".join(parts)
+
+
+def _writable_redis(channel: Any) -> bool:
+    """Whether messages for ``channel`` can be pushed onto its Redis lists as kombu's Redis
+    transport stores them: its plain channel (not Sentinel's), no key prefix."""
+    try:
+        from kombu.transport.redis import Channel as RedisChannel
+    except ImportError:  # redis-py is not installed: no Redis broker either
+        return False
+    return type(channel) is RedisChannel and not getattr(channel, "global_keyprefix", "")
+
+
 class Publisher:
     """Sends ``execute_run`` messages for one Celery app: routes kept per queue,
     producers kept in a pool (at most ``broker_pool_limit`` idle)."""
@@ -119,7 +220,20 @@ class Publisher:
         limit = conf.broker_pool_limit
         self.limit = 10 if limit is None else int(limit)
         self.routes: dict[str, Route] = {}
+        self.envelopes: dict[str, Envelope] = {}
         self.idle: deque[_Pooled] = deque()
+        self._eager = bool(conf.task_always_eager)
+
+    @property
+    def eager(self) -> bool:
+        """Celery's ``task_always_eager``: as set on the app at run time
+        (``app.conf.task_always_eager = True``), or else as configured when this publisher
+        was made (a read through the Django settings costs tens of µs; a change of the
+        ``CELERY_*`` settings makes a new publisher)."""
+        changes = self.app.conf.changes
+        if "task_always_eager" in changes:
+            return bool(changes["task_always_eager"])
+        return self._eager
 
     def is_current(self, app: Celery) -> bool:
         """Whether this publisher still serves ``app`` as it is configured now."""
@@ -217,6 +331,11 @@ class Publisher:
                 return
 
     def _send(self, pooled: _Pooled, runs: Sequence[tuple[str, str]]) -> None:
+        if not pooled.ready:
+            pooled.prepare()
+        if pooled.redis is not None and self.compression is None:
+            self._push(pooled, runs)
+            return
         producer = pooled.producer
         batch = getattr(producer, "batch", None)  # kombu 5.7 and later
         if (
@@ -231,40 +350,69 @@ class Publisher:
             for run_id, queue in runs:
                 self._send_one(pooled, run_id, queue)
 
-    def _send_one(self, pooled: _Pooled, run_id: str, queue: str) -> None:
-        route = self.route(queue)
-        if not pooled.ready:
-            pooled.prepare()
+    def _push(self, pooled: _Pooled, runs: Sequence[tuple[str, str]]) -> None:
+        """On Redis: each queue's messages written with one ``LPUSH`` of their envelopes,
+        the JSON that kombu's Redis transport stores for a message (body in base64, a
+        delivery tag of its own), in the order given, on a connection of the channel's
+        pool: every queue's command in one round trip. Queues with an expiry, and routes
+        through a named exchange, go through kombu."""
+        channel = pooled.redis
+        by_key: dict[str, list[bytes]] = {}
+        for run_id, queue in runs:
+            route = self.route(queue)
+            self._declare(pooled, route, queue)
+            if route.exchange or route.routing_key in channel._expires:
+                self._send_one(pooled, run_id, queue)
+                continue
+            key = channel._q_for_pri(route.routing_key, 0)
+            by_key.setdefault(key, []).append(self._envelope(run_id, route))
+        if by_key:
+            pooled.push(by_key)
+
+    def _envelope(self, run_id: str, route: Route) -> bytes:
+        template = self.envelopes.get(route.routing_key)
+        if template is None:
+            template = self.envelopes[route.routing_key] = Envelope(route, self._headers("", ""))
+        return template.render(run_id)
+
+    def _declare(self, pooled: _Pooled, route: Route, queue: str) -> None:
         if route.declare and queue not in pooled.declared:
             channel: Any = pooled.producer.channel  # a channel once the producer is bound
             maybe_declare(route.queue, channel, retry=False)
             pooled.declared.add(queue)
+
+    def _headers(self, run_id: str, task_id: str) -> dict[str, Any]:
+        return {
+            "lang": "py",
+            "task": TASK_NAME,
+            "id": task_id,
+            "shadow": None,
+            "eta": None,
+            "expires": None,
+            "group": None,
+            "group_index": None,
+            "retries": 0,
+            "timelimit": [None, None],
+            "root_id": task_id,
+            "parent_id": None,
+            "argsrepr": f"({run_id!r},)",
+            "kwargsrepr": "{}",
+            "origin": self.origin,
+            "ignore_result": True,
+            "replaced_task_nesting": 0,
+            "stamped_headers": None,
+            "stamps": {},
+        }
+
+    def _send_one(self, pooled: _Pooled, run_id: str, queue: str) -> None:
+        route = self.route(queue)
+        self._declare(pooled, route, queue)
         task_id = str(uuid.uuid4())
         pooled.producer.publish(
             (_BODY_HEAD + json.dumps(run_id) + _BODY_TAIL).encode(),
             exchange=route.exchange,
             routing_key=route.routing_key,
-            headers={
-                "lang": "py",
-                "task": TASK_NAME,
-                "id": task_id,
-                "shadow": None,
-                "eta": None,
-                "expires": None,
-                "group": None,
-                "group_index": None,
-                "retries": 0,
-                "timelimit": [None, None],
-                "root_id": task_id,
-                "parent_id": None,
-                "argsrepr": f"({run_id!r},)",
-                "kwargsrepr": "{}",
-                "origin": self.origin,
-                "ignore_result": True,
-                "replaced_task_nesting": 0,
-                "stamped_headers": None,
-                "stamps": {},
-            },
+            headers=self._headers(run_id, task_id),
             content_type="application/json",
             content_encoding="utf-8",
             delivery_mode=route.delivery_mode,
@@ -313,9 +461,18 @@ def publish_run(run_id: str, queue: str) -> None:
     _publish(publisher(), ((run_id, queue),))
 
 
+def forget_publisher() -> None:
+    """Make a new publisher on the next send (the Celery settings changed)."""
+    global _publisher
+    with _publisher_lock:
+        current, _publisher = _publisher, None
+    if current is not None and current.pid == os.getpid():
+        current.close()
+
+
 def _publish(current: Publisher, runs: Sequence[tuple[str, str]]) -> None:
     app = current.app
-    if app.conf.task_always_eager:  # Celery's test mode: the task runs here, at once
+    if current.eager:  # Celery's test mode: the task runs here, at once
         task = app.tasks[TASK_NAME]
         for run_id, queue in runs:
             if queue:
@@ -326,4 +483,12 @@ def _publish(current: Publisher, runs: Sequence[tuple[str, str]]) -> None:
         current.publish(runs)
 
 
-__all__ = ["TASK_NAME", "Publisher", "Route", "publish_run", "publish_runs", "publisher"]
+__all__ = [
+    "TASK_NAME",
+    "Publisher",
+    "Route",
+    "forget_publisher",
+    "publish_run",
+    "publish_runs",
+    "publisher",
+]
