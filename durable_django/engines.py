@@ -42,7 +42,6 @@ from .tick import tick
 from .usage import QuotaUsage, quota_usage
 from .waiting import Wait
 
-
 #: ``DURABLE["PUBLISH"]``: messages sent from the process's sender thread, or by the
 #: caller once its transaction commits.
 PUBLISH_MODES = ("background", "inline")

@@ -163,9 +163,9 @@ def flush(timeout: float | None = None) -> bool:
 
 
 def _sends_inline() -> bool:
-    from celery.app import app_or_default
+    from .publishing import publisher
 
-    return bool(app_or_default(None).conf.task_always_eager) or not threads_run()
+    return publisher().eager or not threads_run()
 
 
 def threads_run() -> bool:

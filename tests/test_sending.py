@@ -25,7 +25,6 @@ from django.db import transaction
 from django.test import override_settings
 
 from durable_django import ConcurrencyLimitError, Engine, sending
-from durable_django import engine as default_engine
 from durable_django.publishing import publish_runs
 from durable_django.sending import Sender
 from durable_django.tasks import execute_run
@@ -147,9 +146,11 @@ def test_uwsgi_without_threads_is_recognised(monkeypatch: pytest.MonkeyPatch) ->
 def test_a_publish_mode_other_than_background_or_inline_is_refused() -> None:
     with pytest.raises(ValueError, match=r"DURABLE\['PUBLISH'\] must be one of"):
         _ = Engine(publish="sometimes").config
-    with override_settings(DURABLE={"PUBLISH": True}):
-        with pytest.raises(ValueError, match=r"DURABLE\['PUBLISH'\].*not True"):
-            _ = Engine().config
+    with (
+        override_settings(DURABLE={"PUBLISH": True}),
+        pytest.raises(ValueError, match=r"DURABLE\['PUBLISH'\].*not True"),
+    ):
+        _ = Engine().config
 
 
 # starts on a real broker --------------------------------------------------------------
