@@ -20,6 +20,7 @@ import pytest
 import redis
 from celery import Celery
 from django.test import override_settings
+from kombu import Exchange, Queue
 from kombu.exceptions import OperationalError
 
 from durable_django import RunStatus
@@ -120,6 +121,31 @@ def test_a_run_without_a_queue_takes_the_task_routes(idle_queue: str, broker: Br
         app.amqp.router = app.amqp.Router()
 
     assert broker.queued_run_ids(idle_queue) == ["routed"]
+
+
+def test_a_queue_bound_to_a_topic_exchange_gets_its_messages_through_it(
+    idle_queue: str, broker: Broker
+) -> None:
+    """A route through a named exchange (here a topic exchange, declared in
+    ``task_queues``) is sent through kombu, which routes it by the queue's binding; runs
+    of a plain queue in the same publish keep their own route."""
+    plain_queue = unique_queue("durable-publish-plain")
+    topic = Queue(idle_queue, Exchange(f"{idle_queue}-x", type="topic"), routing_key="runs.#")
+    previous = app.conf.task_queues
+    app.conf.task_queues = [topic]
+    app.amqp.queues = app.amqp.Queues(app.conf.task_queues)
+    app.amqp.router = app.amqp.Router()  # the router keeps the queues it was made with
+    try:
+        Publisher(app).publish([("topical", idle_queue), ("plain", plain_queue)])
+        assert broker.queued_run_ids(idle_queue) == ["topical"]
+        assert broker.queued_run_ids(plain_queue) == ["plain"]
+        (message,) = broker.messages(idle_queue)
+        assert message.routing_key == "runs.#"
+    finally:
+        app.conf.task_queues = previous
+        app.amqp.queues = app.amqp.Queues(previous)
+        app.amqp.router = app.amqp.Router()
+        broker.delete_queue(plain_queue)
 
 
 def test_the_publisher_follows_the_app_to_new_broker_settings(broker: Broker) -> None:
