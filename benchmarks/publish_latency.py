@@ -1,4 +1,5 @@
-"""How long from a start's commit until a worker receives its run: the lean publish
+"""How long from a start's commit until a worker receives its run: sent by the sender
+thread (the default), by the committing caller (the lean publish inline), and
 against Celery's ``apply_async``, interleaved.
 
 Run from the repository root::
@@ -75,7 +76,8 @@ def main() -> None:
 
     registry = Registry()
     options = dict(namespace="default", scope_reads=False, queue=queue, registry=registry)
-    lean = Engine(store=OrmStore(), **options)
+    background = Engine(store=OrmStore(), publish="background", **options)
+    lean = Engine(store=OrmStore(), publish="inline", **options)
     celery = CelerySendEngine(store=OrmStore(), **options)
     lean.register("bench.plain", "1", lambda ctx, input: None)
 
@@ -102,7 +104,11 @@ def main() -> None:
         stdout=subprocess.DEVNULL,
         env={**os.environ, "DURABLE_BENCH_RECEIVED": received},
     )
-    latencies: dict[str, list[float]] = {"lean publish": [], "Celery apply_async": []}
+    latencies: dict[str, list[float]] = {
+        "sender thread (the default)": [],
+        "lean publish, inline": [],
+        "Celery apply_async": [],
+    }
     try:
 
         def one(engine: Engine) -> float:
@@ -119,10 +125,11 @@ def main() -> None:
 
         one(lean)  # waits for the worker to be ready
         for _ in range(20):
-            one(lean), one(celery)
+            one(background), one(lean), one(celery)
+        ways = list(zip(latencies, (background, lean, celery), strict=True))
         for number in range(args.starts):
-            ways = [("lean publish", lean), ("Celery apply_async", celery)]
-            for label, engine in ways if number % 2 else ways[::-1]:
+            shift = number % len(ways)
+            for label, engine in ways[shift:] + ways[:shift]:
                 latencies[label].append(one(engine))
                 time.sleep(0.002)
     finally:

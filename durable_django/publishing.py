@@ -230,7 +230,7 @@ class Publisher:
         (``app.conf.task_always_eager = True``), or else as configured when this publisher
         was made (a read through the Django settings costs tens of µs; a change of the
         ``CELERY_*`` settings makes a new publisher)."""
-        changes = self.app.conf.changes
+        changes = self.app.conf.changes or {}
         if "task_always_eager" in changes:
             return bool(changes["task_always_eager"])
         return self._eager
@@ -296,6 +296,19 @@ class Publisher:
             self.idle.pop().close()
 
     # sending ----------------------------------------------------------------------
+
+    def send(self, runs: Sequence[tuple[str, str]]) -> None:
+        """:meth:`publish` the runs' messages; under Celery's ``task_always_eager``, run
+        them here through ``apply_async`` instead, as Celery does."""
+        if not self.eager:
+            self.publish(runs)
+            return
+        task = self.app.tasks[TASK_NAME]
+        for run_id, queue in runs:
+            if queue:
+                task.apply_async((run_id,), queue=queue)
+            else:  # the task's default routing
+                task.apply_async((run_id,))
 
     def publish(self, runs: Sequence[tuple[str, str]]) -> None:
         """Send one message per ``(run_id, queue)``; retry on a broker error as the app's
@@ -453,12 +466,12 @@ def publish_runs(runs: Iterable[tuple[str, str]]) -> None:
     """
     batch = runs if isinstance(runs, Sequence) else list(runs)
     if batch:
-        _publish(publisher(), batch)
+        publisher().send(batch)
 
 
 def publish_run(run_id: str, queue: str) -> None:
     """Send the ``execute_run`` message of one run; see :func:`publish_runs`."""
-    _publish(publisher(), ((run_id, queue),))
+    publisher().send(((run_id, queue),))
 
 
 def forget_publisher() -> None:
@@ -468,19 +481,6 @@ def forget_publisher() -> None:
         current, _publisher = _publisher, None
     if current is not None and current.pid == os.getpid():
         current.close()
-
-
-def _publish(current: Publisher, runs: Sequence[tuple[str, str]]) -> None:
-    app = current.app
-    if current.eager:  # Celery's test mode: the task runs here, at once
-        task = app.tasks[TASK_NAME]
-        for run_id, queue in runs:
-            if queue:
-                task.apply_async((run_id,), queue=queue)
-            else:  # the task's default routing
-                task.apply_async((run_id,))
-    else:
-        current.publish(runs)
 
 
 __all__ = [

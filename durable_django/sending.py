@@ -28,6 +28,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
+
+from .publishing import Publisher, publisher
 
 logger = logging.getLogger("durable_django")
 
@@ -37,27 +40,29 @@ EXIT_FLUSH_SECONDS = 5.0
 #: The most messages one send of the thread takes.
 BATCH_LIMIT = 500
 
-Runs = Sequence[tuple[str, str]]
+#: What is handed over: tuples whose first item is a run id (the module's own sender
+#: hands over ``(run_id, queue, publisher)``).
+Items = Sequence[tuple[Any, ...]]
 
 
 class Sender:
     """Sends the messages handed to it from a thread of its own, in batches, in the
     order they were handed over. ``send`` is called with each batch from that thread."""
 
-    def __init__(self, send: Callable[[Runs], None], *, batch_limit: int = BATCH_LIMIT) -> None:
+    def __init__(self, send: Callable[[Items], None], *, batch_limit: int = BATCH_LIMIT) -> None:
         self._send = send
         self._batch_limit = batch_limit
         self._changed = threading.Condition(threading.Lock())
-        self._pending: list[tuple[str, str]] = []
+        self._pending: list[tuple[Any, ...]] = []
         self._handed = 0  # messages handed over so far
         self._settled = 0  # of those, sent or given up (and logged)
         self._thread: threading.Thread | None = None
 
-    def hand_over(self, runs: Runs) -> None:
-        """Queue ``(run_id, queue)`` messages for the thread; return at once."""
+    def hand_over(self, items: Items) -> None:
+        """Queue messages for the thread; return at once."""
         with self._changed:
-            self._pending.extend(runs)
-            self._handed += len(runs)
+            self._pending.extend(items)
+            self._handed += len(items)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._loop, name="durable-sender", daemon=True
@@ -104,7 +109,7 @@ class Sender:
                     "durable_django: could not send the messages of %d run(s) (%s%s); "
                     "they stay pending and the tick sends them again",
                     len(batch),
-                    ", ".join(run_id for run_id, _ in batch[:5]),
+                    ", ".join(str(item[0]) for item in batch[:5]),
                     ", ..." if len(batch) > 5 else "",
                 )
             with self._changed:
@@ -112,10 +117,21 @@ class Sender:
                 self._changed.notify_all()
 
 
-def _publish(runs: Runs) -> None:
-    from .publishing import publish_runs
-
-    publish_runs(runs)
+def _send_items(items: Items) -> None:
+    """Send ``(run_id, queue, publisher)`` items, each with the publisher of the thread
+    that handed it over (Celery's current app is the creating thread's), one send per
+    publisher; raise the first error once every publisher has sent."""
+    by_publisher: dict[Publisher, list[tuple[str, str]]] = {}
+    for run_id, queue, current in items:
+        by_publisher.setdefault(current, []).append((run_id, queue))
+    failed: Exception | None = None
+    for current, runs in by_publisher.items():
+        try:
+            current.send(runs)
+        except Exception as error:
+            failed = failed or error
+    if failed is not None:
+        raise failed
 
 
 _sender: Sender | None = None
@@ -130,7 +146,7 @@ def sender() -> Sender:
         with _sender_lock:
             current = _sender
             if current is None:
-                current = _sender = Sender(_publish)
+                current = _sender = Sender(_send_items)
     return current
 
 
@@ -144,15 +160,17 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def send_later(runs: Runs) -> None:
+def send_later(runs: Sequence[tuple[str, str]]) -> None:
     """Send the ``execute_run`` message of each ``(run_id, queue)`` from the sender's
-    thread; inline under Celery's ``task_always_eager`` or uWSGI without threads."""
+    thread, with the Celery app current in the caller's thread; inline under Celery's
+    ``task_always_eager`` or uWSGI without threads."""
     if not runs:
         return
-    if _sends_inline():
-        _publish(runs)
+    current = publisher()
+    if current.eager or not threads_run():
+        current.send(runs)
     else:
-        sender().hand_over(runs)
+        sender().hand_over([(run_id, queue, current) for run_id, queue in runs])
 
 
 def flush(timeout: float | None = None) -> bool:
@@ -160,12 +178,6 @@ def flush(timeout: float | None = None) -> bool:
     ``timeout`` seconds passed first. Nothing to wait for: True at once."""
     current = _sender
     return True if current is None else current.flush(timeout)
-
-
-def _sends_inline() -> bool:
-    from .publishing import publisher
-
-    return publisher().eager or not threads_run()
 
 
 def threads_run() -> bool:

@@ -20,17 +20,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from celery import Celery
+from celery.app import app_or_default
 from celery.signals import task_postrun
 from django.db import transaction
 from django.test import override_settings
 
 from durable_django import ConcurrencyLimitError, Engine, sending
-from durable_django.publishing import publish_runs
 from durable_django.sending import Sender
 from durable_django.tasks import execute_run
 
 from .brokers import Broker
-from .celery_app import app
+from .celery_app import app, broker_settings
 from .testapp.workflows import EchoWorkflow, plain
 from .worker import Worker, unique_queue
 
@@ -169,16 +170,42 @@ def queue(broker: Broker) -> Iterator[str]:
 
 @pytest.fixture
 def recorded(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    """This process's sender, made anew with a send function that records each batch
-    and then publishes it for real."""
+    """This process's sender, made anew with a send function that records each batch's
+    ``(run_id, queue)`` and then sends it for real."""
     recorder = Recorder()
 
-    def record_and_publish(runs: object) -> None:
-        recorder(runs)
-        publish_runs(runs)  # type: ignore[arg-type]
+    def record_and_send(items: object) -> None:
+        recorder([(run_id, queue) for run_id, queue, _ in items])  # type: ignore[attr-defined]
+        sending._send_items(items)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sending, "_sender", Sender(record_and_publish))
+    monkeypatch.setattr(sending, "_sender", Sender(record_and_send))
     return recorder
+
+
+def test_each_message_is_sent_with_the_celery_app_of_the_thread_that_handed_it_over(
+    broker: Broker, recorded: Recorder
+) -> None:
+    """Celery's current app is per thread: a thread that did not make it current sees
+    the default app. The sender thread sends with the publisher of the caller's app:
+    here an app current in this thread only, whose default queue is the test's."""
+    queue = unique_queue("durable-sending-app")
+    caller = Celery("caller", set_as_current=True)
+    caller.conf.update(
+        broker_url=broker.url, task_default_queue=queue, **broker_settings(broker.url)
+    )
+    seen: list[str] = []
+    try:
+        thread = threading.Thread(target=lambda: seen.append(app_or_default(None).main))
+        thread.start()
+        thread.join()
+        sending.send_later([("from-the-caller", "")])  # "": the app's default routing
+        assert broker.queued_run_ids(queue) == ["from-the-caller"]
+    finally:
+        app.set_current()
+        caller.close()
+        broker.delete_queue(queue)
+    assert recorded.threads == {"durable-sender"}
+    assert seen == [app.main]  # what the sender thread would have seen as current
 
 
 @pytest.mark.django_db(transaction=True)
@@ -255,29 +282,34 @@ def test_in_celery_eager_mode_the_run_executes_in_the_caller(
     assert handle.result() == {"got": {"n": 1}}
 
 
-def test_a_worker_sends_what_a_task_handed_over_before_its_next_task(
-    recorded: Recorder,
-) -> None:
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    """This process's sender, made anew with a recording send function that sends
+    nothing: what is handed over to it directly is ``(run_id, queue)``."""
+    recorder = Recorder()
+    monkeypatch.setattr(sending, "_sender", Sender(recorder))
+    return recorder
+
+
+def test_a_worker_sends_what_a_task_handed_over_before_its_next_task(held: Recorder) -> None:
     """A pool process may be ended at any task's end: ``task_postrun`` waits for the
     messages its task handed over."""
-    recorded.hold.clear()
+    held.hold.clear()
     sending.sender().hand_over(runs("child"))
-    assert recorded.entered.wait(5)
-    threading.Timer(0.2, recorded.hold.set).start()
+    assert held.entered.wait(5)
+    threading.Timer(0.2, held.hold.set).start()
 
     task_postrun.send(sender=execute_run, task_id="t", task=execute_run, args=(), kwargs={})
 
     assert sending.sender().waiting == 0
-    assert recorded.batches == [runs("child")]
+    assert held.batches == [runs("child")]
 
 
-def test_a_forked_child_neither_sends_nor_waits_for_its_parents_messages(
-    recorded: Recorder,
-) -> None:
-    recorded.hold.clear()
+def test_a_forked_child_neither_sends_nor_waits_for_its_parents_messages(held: Recorder) -> None:
+    held.hold.clear()
     parent = sending.sender()
     parent.hand_over(runs("parent"))
-    assert recorded.entered.wait(5)
+    assert held.entered.wait(5)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through its exit code
         code = 1
@@ -289,9 +321,9 @@ def test_a_forked_child_neither_sends_nor_waits_for_its_parents_messages(
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    recorded.hold.set()
+    held.hold.set()
     assert sending.flush(5)
-    assert recorded.batches == [runs("parent")]
+    assert held.batches == [runs("parent")]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -307,10 +339,9 @@ def test_a_process_that_exits_right_after_its_start_still_sends_it(
         django.setup()
         import tests.celery_app  # the test broker, as a project's celery.py
         from durable_django import sending
-        from durable_django.publishing import publish_runs
-        def slow(runs):
+        def slow(items):
             time.sleep(0.3)
-            publish_runs(runs)
+            sending._send_items(items)
         sending._sender = sending.Sender(slow)
         from django.test import override_settings
         from tests.testapp.workflows import plain
