@@ -59,16 +59,19 @@ class Sender:
         self._thread: threading.Thread | None = None
 
     def hand_over(self, items: Items) -> None:
-        """Queue messages for the thread; return at once."""
+        """Queue messages for the thread; return at once. Raises ``RuntimeError``, with
+        nothing queued, when the thread cannot start (the interpreter is exiting)."""
         with self._changed:
+            if self._thread is None:
+                self._thread = self._start()
             self._pending.extend(items)
             self._handed += len(items)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, name="durable-sender", daemon=True
-                )
-                self._thread.start()
             self._changed.notify_all()
+
+    def _start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._loop, name="durable-sender", daemon=True)
+        thread.start()
+        return thread
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every message handed over so far is sent (or given up); False if
@@ -169,8 +172,11 @@ def send_later(runs: Sequence[tuple[str, str]]) -> None:
     current = publisher()
     if current.eager or not threads_run():
         current.send(runs)
-    else:
+        return
+    try:
         sender().hand_over([(run_id, queue, current) for run_id, queue in runs])
+    except RuntimeError:  # no new thread once the interpreter is exiting: send here
+        current.send(runs)
 
 
 def flush(timeout: float | None = None) -> bool:

@@ -244,9 +244,11 @@ def test_a_batch_is_handed_over_in_one_piece(
     queue: str, broker: Broker, recorded: Recorder
 ) -> None:
     batch = plain.dispatch_many([{"n": n} for n in range(5)])
+    run_ids = [handle.run_id for handle in batch.handles if handle is not None]
 
-    assert broker.queued_run_ids(queue) == [handle.run_id for handle in batch.handles]
-    assert recorded.batches == [[(handle.run_id, queue) for handle in batch.handles]]
+    assert len(run_ids) == 5
+    assert broker.queued_run_ids(queue) == run_ids
+    assert recorded.batches == [[(run_id, queue) for run_id in run_ids]]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -359,3 +361,23 @@ def test_a_process_that_exits_right_after_its_start_still_sends_it(
     )
     assert done.returncode == 0, done.stderr
     assert broker.queued_run_ids(queue) == [done.stdout.strip()]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_when_the_thread_cannot_start_the_start_sends_inline(
+    queue: str, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the interpreter's exit no thread can start (``RuntimeError``): a start made
+    then (an ``atexit`` hook dispatching) sends its message itself, nothing queued."""
+
+    def no_thread() -> threading.Thread:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    fresh = Sender(sending._send_items)
+    monkeypatch.setattr(fresh, "_start", no_thread)
+    monkeypatch.setattr(sending, "_sender", fresh)
+
+    handle = plain.dispatch({"n": 1})
+
+    assert (fresh.handed, fresh.waiting) == (0, 0)
+    assert broker.queued_run_ids(queue) == [handle.run_id]
