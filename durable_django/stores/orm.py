@@ -77,7 +77,7 @@ from .base import (
     quota_transaction,
 )
 from .database_checks import collation_errors, database_warnings
-from .postgres import first_start
+from .postgres import arrays, first_start
 
 #: The calls of the functions of ``stores/postgres/functions.sql``.
 _LOCK_KEY_SQL = "SELECT durable_lock_quota_key_v1(%s)"
@@ -310,7 +310,8 @@ class OrmStore(BaseStore):
         check_existing: bool,
         read_namespace: str | None,
     ) -> StartOutcome:
-        """One call of ``durable_start_run_v2``; or, for the first start on a connection
+        """One call of ``durable_start_run_v2``, its arrays passed as array literals
+        (``postgres.arrays``); or, for the first start on a connection
         (``first_start.by_statements``), its statements sent without the function."""
         connection = connections[self.using]
         connection.ensure_connection()
@@ -323,17 +324,17 @@ class OrmStore(BaseStore):
             run.version,
             run.namespace,
             json.dumps(run.input, cls=DjangoJSONEncoder),
-            list(run.tags),
+            arrays.text_array(run.tags),
             run.queue,
             run.parent_id,
             run.attempt,
-            [quota.key for quota in quotas],
-            [quota.limit for quota in quotas],
-            [quota.weight for quota in quotas],
-            _status_rows(quotas),
+            arrays.text_array([quota.key for quota in quotas]),
+            arrays.integer_array([quota.limit for quota in quotas]),
+            arrays.integer_array([quota.weight for quota in quotas]),
+            arrays.text_rows(_status_rows(quotas)),
             read_namespace,
         )
-        with connections[self.using].cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(_START_SQL, params)
             outcome, refused, active, workflow, namespace = cursor.fetchone()
         if outcome == "refused":
@@ -1136,8 +1137,7 @@ def _start_json(start: StartRequest) -> dict[str, Any]:
 
 def _status_rows(quotas: Sequence[Quota]) -> list[list[str | None]]:
     """Each quota's counted statuses, one row per quota, padded with ``None`` to the
-    longest: the two-dimensional array ``durable_start_run_v2`` takes (a new list per
-    row, as psycopg adapts no list twice)."""
+    longest: the two-dimensional array ``durable_start_run_v2`` takes."""
     width = max((len(quota.count_statuses) for quota in quotas), default=0)
     return [
         [*quota.count_statuses, *[None] * (width - len(quota.count_statuses))] for quota in quotas
