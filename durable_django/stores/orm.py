@@ -97,6 +97,9 @@ _TRANSITION_SQL = (
     "SELECT durable_transition_v1(%s, %s::text[], %s, %s, %s, %s, %s, %s::text[], "
     "%s, %s, %s, %s, %s, %s, %s, %s, %s::integer, %s, %s::integer, %s, %s, %s)"
 )
+#: ``json.dumps(value, cls=DjangoJSONEncoder)``'s encoder, made once (it keeps no state):
+#: a start's input, a batch of starts.
+_JSON = DjangoJSONEncoder()
 
 
 class OrmStore(BaseStore):
@@ -323,7 +326,7 @@ class OrmStore(BaseStore):
             run.workflow,
             run.version,
             run.namespace,
-            json.dumps(run.input, cls=DjangoJSONEncoder),
+            _JSON.encode(run.input),
             arrays.text_array(run.tags),
             run.queue,
             run.parent_id,
@@ -470,9 +473,7 @@ class OrmStore(BaseStore):
         batch = [_start_json(start) for start in starts]
         with transaction.atomic(using=self.using):
             with connections[self.using].cursor() as cursor:
-                cursor.execute(
-                    _START_MANY_SQL, [json.dumps(batch, cls=DjangoJSONEncoder), read_namespace]
-                )
+                cursor.execute(_START_MANY_SQL, [_JSON.encode(batch), read_namespace])
                 rows = cursor.fetchall()
             assert [row[0] for row in rows] == list(range(1, len(starts) + 1))
             outcomes: list[StartOutcome | ConcurrencyLimitError] = []
