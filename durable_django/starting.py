@@ -644,8 +644,9 @@ def _keep_line(
 
 def _announce_started(engine: Engine, runs: Sequence[NewRun]) -> None:
     """``run_started`` for each of ``runs``, once the transaction commits; nothing to do
-    when no receiver listens (asked once, for the whole batch)."""
-    if run_started.has_listeners():
+    when no receiver listens (asked once, for the whole batch), whether connected for
+    every sender or for the engine's class, the signal's sender."""
+    if run_started.has_listeners(type(engine)):
         for run in runs:
             engine.store.on_commit(functools.partial(_send_started, engine, run))
 
