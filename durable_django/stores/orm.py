@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -334,7 +335,7 @@ class OrmStore(BaseStore):
             arrays.text_array([quota.key for quota in quotas]),
             arrays.integer_array([quota.limit for quota in quotas]),
             arrays.integer_array([quota.weight for quota in quotas]),
-            arrays.text_rows(_status_rows(quotas)),
+            _statuses_literal(tuple(tuple(quota.count_statuses) for quota in quotas)),
             read_namespace,
         )
         with connection.cursor() as cursor:
@@ -1129,20 +1130,26 @@ def _start_json(start: StartRequest) -> dict[str, Any]:
         "keys": [quota.key for quota in quotas],
         "limits": [quota.limit for quota in quotas],
         "weights": [quota.weight for quota in quotas],
-        "statuses": _status_rows(quotas),
+        "statuses": _status_rows(tuple(tuple(quota.count_statuses) for quota in quotas)),
     }
     if run.parent_id is not None:
         item["parent_id"] = run.parent_id
     return item
 
 
-def _status_rows(quotas: Sequence[Quota]) -> list[list[str | None]]:
+@functools.lru_cache(maxsize=256)
+def _status_rows(statuses: tuple[tuple[str, ...], ...]) -> tuple[tuple[str | None, ...], ...]:
     """Each quota's counted statuses, one row per quota, padded with ``None`` to the
-    longest: the two-dimensional array ``durable_start_run_v2`` takes."""
-    width = max((len(quota.count_statuses) for quota in quotas), default=0)
-    return [
-        [*quota.count_statuses, *[None] * (width - len(quota.count_statuses))] for quota in quotas
-    ]
+    longest: the two-dimensional array ``durable_start_run_v2`` takes. A process meets
+    few combinations of counted statuses, and pads each once."""
+    width = max((len(row) for row in statuses), default=0)
+    return tuple((*row, *[None] * (width - len(row))) for row in statuses)
+
+
+@functools.lru_cache(maxsize=256)
+def _statuses_literal(statuses: tuple[tuple[str, ...], ...]) -> str:
+    """:func:`_status_rows` as an array literal, written once per combination."""
+    return arrays.text_rows(_status_rows(statuses))
 
 
 def _function_sets(fields: dict[str, Any]) -> bool:
