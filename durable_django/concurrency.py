@@ -382,11 +382,11 @@ def limit_for(concurrency: Concurrency, key: str, workflow: str) -> int:
     """The limit for ``key``: the int, or the limit function's answer (an async one is
     run through ``async_to_sync``). A bad answer raises naming the workflow and key."""
     function = concurrency.limit
-    limit: object = function
-    if callable(function):
-        limit = _call_limit(function, key, workflow)
-        if inspect.isawaitable(limit):
-            limit = async_to_sync(_awaited)(limit)
+    if not callable(function):
+        return function  # checked when the Concurrency was made
+    limit = _call_limit(function, key, workflow)
+    if inspect.isawaitable(limit):
+        limit = async_to_sync(_awaited)(limit)
     return _check_limit(limit, workflow, key)
 
 
@@ -397,6 +397,9 @@ def merge(quotas: Iterable[Quota]) -> tuple[Quota, ...]:
     both would: the smaller limit, the statuses of both counted, and the weights summed
     (the run holds one tag on the key, weighing what both quotas take from it); fair when
     either is, with the shorter window."""
+    quotas = tuple(quotas)
+    if len(quotas) < 2:
+        return quotas
     by_key: dict[str, Quota] = {}
     for quota in quotas:
         seen = by_key.get(quota.key)

@@ -205,10 +205,11 @@ class Engine:
         """The definition to start for a name, a declared workflow or a definition."""
         if isinstance(workflow, WorkflowDefinition):
             return workflow
-        declared = getattr(workflow, "durable", workflow)  # a decorated BaseWorkflow class
-        definition = getattr(declared, "definition", None)
-        if isinstance(definition, WorkflowDefinition):
-            return definition
+        if not isinstance(workflow, str):  # a name has neither attribute: no need to look
+            declared = getattr(workflow, "durable", workflow)  # a decorated BaseWorkflow class
+            definition = getattr(declared, "definition", None)
+            if isinstance(definition, WorkflowDefinition):
+                return definition
         return self.registry.latest(
             validate_text(workflow, "workflow name", text_lengths().workflow)
         )

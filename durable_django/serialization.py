@@ -35,13 +35,15 @@ _FORBIDDEN_ESCAPE = re.compile(
 _CONTAINERS = (list, tuple, dict)
 _KEY_TYPES = (str, int, float, type(None))
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: ``json.dumps(value, allow_nan=False)``'s encoder, made once (it keeps no state).
+_STRICT_ENCODER = json.JSONEncoder(allow_nan=False)
 
 
 def json_copy(value: Any, what: str) -> Any:
     """``value`` as it will read back from the store, or :class:`UnstorableValueError`
     naming ``what`` (for example ``"the input of workflow 'x'"``) and the rule broken."""
     try:
-        text = json.dumps(value, allow_nan=False)
+        text = _STRICT_ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as error:
         raise _unstorable(value, what, fallback=str(error)) from None
     # Cheap tests on the text first; the walk of the value says where, or clears them.

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -58,7 +59,7 @@ from .stores.base import StartRequest, batch_index
 
 if TYPE_CHECKING:
     from .declaration import BaseWorkflow, Workflow
-    from .engines import Engine
+    from .engines import Engine, EngineConfig
 
 logger = logging.getLogger("durable_django.starting")
 
@@ -400,16 +401,20 @@ def admit_many(
     store's one transaction, then each refusal explained and ``run_refused`` sent for it
     (:func:`_refused_many`), and on commit the messages of the runs created, sent
     together, and ``run_started`` for each."""
-    tags = tuple(validate_tags(tags))  # the batch's, checked once, before any element
+    tags = validate_tags(tags)  # the batch's, checked once, before any element
     if namespace is not None:
         validate_text(namespace, "namespace", text_lengths().namespace)
+    if not batch:
+        return BatchStart([], [], [])
+    config = engine.config
+    if namespace is None:
+        namespace = config.namespace
     requests = []
     for index, ((input, run_id), resolved) in enumerate(zip(batch, quotas_of, strict=True)):
         with batch_index(index):
-            run = new_run(engine, definition, input, resolved, run_id, tags, namespace)
-        requests.append(StartRequest(run, tuple(resolved), check_existing=run_id is not None))
-    if not requests:
-        return BatchStart([], [], [])
+            checked_id = _run_id(run_id)
+        run = _new_run(config, definition, input, resolved, checked_id, tags, namespace)
+        requests.append(StartRequest(run, resolved, check_existing=run_id is not None))
     outcomes = engine.store.start_runs(requests, read_namespace=engine.read_namespace)
     handles: list[RunHandle | None] = []
     refused: list[tuple[int, ConcurrencyLimitError]] = []
@@ -427,8 +432,7 @@ def admit_many(
         _refused_many(engine, definition.name, refused, requests)
     if created:
         engine.send_many([run.run_id for run in created], created[0].queue)
-        for run in created:
-            _announce_started(engine, run)
+        _announce_started(engine, created)
     return BatchStart([h for h in handles if h is not None], refused, handles)
 
 
@@ -521,7 +525,7 @@ def admit(
         raise
     if outcome.created:
         engine.send(run.run_id, run.queue)
-        _announce_started(engine, run)
+        _announce_started(engine, (run,))
     return RunHandle(engine, run.run_id, outcome.workflow, outcome.created)
 
 
@@ -535,27 +539,47 @@ def new_run(
     namespace: str | None,
     parent_id: str | None = None,
 ) -> NewRun:
-    """The run to insert, its id, tags and namespace checked (a new id when none is
-    given; the engine's namespace when none is given), with one tag per quota, weighing
-    the quota's weight."""
-    config = engine.config
-    lengths = text_lengths()
+    """The run to insert, its id, tags and namespace checked, in that order (a new id when
+    none is given; the engine's namespace when none is given), with one tag per quota,
+    weighing the quota's weight."""
+    run_id = _run_id(run_id)
+    tags = validate_tags(tags)
+    namespace = _namespace(engine, namespace)
+    return _new_run(engine.config, definition, input, resolved, run_id, tags, namespace, parent_id)
+
+
+def _run_id(run_id: str | None) -> str:
+    """``run_id`` checked, or a new one when it is ``None``."""
     if run_id is None:
-        run_id = uuid.uuid4().hex
-    else:
-        validate_text(run_id, "run_id", lengths.run_id)
-    all_tags = (*definition.tags, *validate_tags(tags), *(quota.tag for quota in resolved))
+        return uuid.uuid4().hex
+    return validate_text(run_id, "run_id", text_lengths().run_id)
+
+
+def _namespace(engine: Engine, namespace: str | None) -> str:
+    """``namespace`` checked, or the engine's when it is ``None``."""
+    if namespace is None:
+        return engine.config.namespace
+    return validate_text(namespace, "namespace", text_lengths().namespace)
+
+
+def _new_run(
+    config: EngineConfig,
+    definition: WorkflowDefinition,
+    input: Any,
+    resolved: Sequence[quotas.Quota],
+    run_id: str,
+    tags: tuple[str, ...],
+    namespace: str,
+    parent_id: str | None = None,
+) -> NewRun:
+    """:func:`new_run` from parts already checked."""
     return NewRun(
         run_id=run_id,
         workflow=definition.name,
         version=definition.version,
-        namespace=(
-            validate_text(namespace, "namespace", lengths.namespace)
-            if namespace is not None
-            else config.namespace
-        ),
+        namespace=namespace,
         input=input,
-        tags=tuple(dict.fromkeys(all_tags)),
+        tags=tuple(dict.fromkeys((*definition.tags, *tags, *(quota.tag for quota in resolved)))),
         queue=definition.queue if definition.remote else config.queue,
         parent_id=parent_id,
         weights={quota.tag: quota.weight for quota in resolved if quota.weight != 1},
@@ -618,19 +642,25 @@ def _keep_line(
         logger.warning("could not keep the tickets of key %r", quota.key, exc_info=True)
 
 
-def _announce_started(engine: Engine, run: NewRun) -> None:
-    if run_started.has_listeners():
-        engine.store.on_commit(
-            lambda: send_signal(
-                run_started,
-                type(engine),
-                engine=engine,
-                run_id=run.run_id,
-                workflow=run.workflow,
-                namespace=run.namespace,
-                parent_id=run.parent_id,
-            )
-        )
+def _announce_started(engine: Engine, runs: Sequence[NewRun]) -> None:
+    """``run_started`` for each of ``runs``, once the transaction commits; nothing to do
+    when no receiver listens (asked once, for the whole batch), whether connected for
+    every sender or for the engine's class, the signal's sender."""
+    if run_started.has_listeners(type(engine)):
+        for run in runs:
+            engine.store.on_commit(functools.partial(_send_started, engine, run))
+
+
+def _send_started(engine: Engine, run: NewRun) -> None:
+    send_signal(
+        run_started,
+        type(engine),
+        engine=engine,
+        run_id=run.run_id,
+        workflow=run.workflow,
+        namespace=run.namespace,
+        parent_id=run.parent_id,
+    )
 
 
 __all__ = [

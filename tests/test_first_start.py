@@ -177,6 +177,31 @@ def test_an_unlimited_start_and_a_limit_of_zero(path: str) -> None:
     assert isinstance(refused, ConcurrencyLimitError) and refused.active == 0
 
 
+#: Texts PostgreSQL's array input would read as syntax if they were not quoted.
+ARRAY_SYNTAX = ('quote"d', "back\\slash", '\\"', "{brace},comma", "NULL", " padded ", "é")
+
+
+@pytest.mark.django_db
+def test_keys_and_tags_holding_array_syntax_are_kept_as_given(path: str) -> None:
+    run = new_run(tags=ARRAY_SYNTAX)
+    # Rows of statuses of two lengths: the shorter one is padded.
+    quotas = (*(quota(text, 1) for text in ARRAY_SYNTAX), quota("narrow", 5, 2, ("pending",)))
+
+    assert isinstance(start(run, quotas), StartOutcome)
+    tags = RunTag.objects.filter(run_id=run.run_id).values_list("tag", "weight")
+    assert sorted(tags) == sorted(
+        [
+            *((text, 1) for text in ARRAY_SYNTAX),
+            *((f"concurrency:{text}", 1) for text in ARRAY_SYNTAX),
+            ("concurrency:narrow", 2),
+        ]
+    )
+    for text in ARRAY_SYNTAX:
+        refused = start(new_run(), (quota("other", 9), quota(text, 1)))
+        assert isinstance(refused, ConcurrencyLimitError)
+        assert (refused.key, refused.active) == (text, 1)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_only_a_connections_first_start_sends_statements(monkeypatch: pytest.MonkeyPatch) -> None:
     sent = []

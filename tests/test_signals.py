@@ -71,6 +71,22 @@ def test_started_is_sent_only_when_the_start_commits(orm_engine: Engine, receive
     assert names(received) == ["started"]
 
 
+def test_a_receiver_connected_for_the_engine_class_hears_the_starts(memory_engine: Engine):
+    heard = []
+
+    def receiver(sender, **kwargs):
+        heard.append((sender, kwargs["run_id"]))
+
+    memory_engine.register("wf", "1", lambda ctx, i: i)
+    run_started.connect(receiver, sender=Engine)
+    try:
+        one = memory_engine.start("wf", 1)
+        two, three = memory_engine.start_many("wf", [2, 3]).started
+    finally:
+        run_started.disconnect(receiver, sender=Engine)
+    assert heard == [(Engine, one.run_id), (Engine, two.run_id), (Engine, three.run_id)]
+
+
 def test_a_failing_receiver_is_logged_and_changes_nothing(memory_engine: Engine, caplog):
     def broken(sender, **kwargs):
         raise RuntimeError("receiver bug")

@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from django.utils import timezone
 
@@ -704,17 +704,33 @@ def check_batch_ids(starts: Sequence[StartRequest]) -> None:
             )
 
 
-@contextmanager
-def batch_index(index: int) -> Iterator[None]:
+class batch_index:
     """Name element ``index`` of a batch in the message of a ``DurableError``, ``TypeError``
-    or ``ValueError`` raised inside (``"inputs[3]: ..."``); the error keeps its type."""
-    try:
-        yield
-    except (DurableError, TypeError, ValueError) as error:
-        prefix = f"inputs[{index}]: "
-        if error.args and isinstance(error.args[0], str) and not error.args[0].startswith(prefix):
-            error.args = (prefix + error.args[0], *error.args[1:])
-        raise
+    or ``ValueError`` raised inside (``"inputs[3]: ..."``); the error keeps its type.
+
+    A class rather than a ``@contextmanager`` generator: a batch enters one per element,
+    and this costs a fraction of a generator's setup."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: object, error: BaseException | None, traceback: object
+    ) -> Literal[False]:
+        if isinstance(error, DurableError | TypeError | ValueError):
+            prefix = f"inputs[{self.index}]: "
+            if (
+                error.args
+                and isinstance(error.args[0], str)
+                and not error.args[0].startswith(prefix)
+            ):
+                error.args = (prefix + error.args[0], *error.args[1:])
+        return False
 
 
 def existing_outcome(

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -77,7 +78,7 @@ from .base import (
     quota_transaction,
 )
 from .database_checks import collation_errors, database_warnings
-from .postgres import first_start
+from .postgres import arrays, first_start
 
 #: The calls of the functions of ``stores/postgres/functions.sql``.
 _LOCK_KEY_SQL = "SELECT durable_lock_quota_key_v1(%s)"
@@ -97,6 +98,9 @@ _TRANSITION_SQL = (
     "SELECT durable_transition_v1(%s, %s::text[], %s, %s, %s, %s, %s, %s::text[], "
     "%s, %s, %s, %s, %s, %s, %s, %s, %s::integer, %s, %s::integer, %s, %s, %s)"
 )
+#: ``json.dumps(value, cls=DjangoJSONEncoder)``'s encoder, made once (it keeps no state):
+#: a start's input, a batch of starts.
+_JSON = DjangoJSONEncoder()
 
 
 class OrmStore(BaseStore):
@@ -310,7 +314,8 @@ class OrmStore(BaseStore):
         check_existing: bool,
         read_namespace: str | None,
     ) -> StartOutcome:
-        """One call of ``durable_start_run_v2``; or, for the first start on a connection
+        """One call of ``durable_start_run_v2``, its arrays passed as array literals
+        (``postgres.arrays``); or, for the first start on a connection
         (``first_start.by_statements``), its statements sent without the function."""
         connection = connections[self.using]
         connection.ensure_connection()
@@ -322,18 +327,18 @@ class OrmStore(BaseStore):
             run.workflow,
             run.version,
             run.namespace,
-            json.dumps(run.input, cls=DjangoJSONEncoder),
-            list(run.tags),
+            _JSON.encode(run.input),
+            arrays.text_array(run.tags),
             run.queue,
             run.parent_id,
             run.attempt,
-            [quota.key for quota in quotas],
-            [quota.limit for quota in quotas],
-            [quota.weight for quota in quotas],
-            _status_rows(quotas),
+            arrays.text_array([quota.key for quota in quotas]),
+            arrays.integer_array([quota.limit for quota in quotas]),
+            arrays.integer_array([quota.weight for quota in quotas]),
+            _statuses_literal(tuple(tuple(quota.count_statuses) for quota in quotas)),
             read_namespace,
         )
-        with connections[self.using].cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(_START_SQL, params)
             outcome, refused, active, workflow, namespace = cursor.fetchone()
         if outcome == "refused":
@@ -469,9 +474,7 @@ class OrmStore(BaseStore):
         batch = [_start_json(start) for start in starts]
         with transaction.atomic(using=self.using):
             with connections[self.using].cursor() as cursor:
-                cursor.execute(
-                    _START_MANY_SQL, [json.dumps(batch, cls=DjangoJSONEncoder), read_namespace]
-                )
+                cursor.execute(_START_MANY_SQL, [_JSON.encode(batch), read_namespace])
                 rows = cursor.fetchall()
             assert [row[0] for row in rows] == list(range(1, len(starts) + 1))
             outcomes: list[StartOutcome | ConcurrencyLimitError] = []
@@ -1127,21 +1130,26 @@ def _start_json(start: StartRequest) -> dict[str, Any]:
         "keys": [quota.key for quota in quotas],
         "limits": [quota.limit for quota in quotas],
         "weights": [quota.weight for quota in quotas],
-        "statuses": _status_rows(quotas),
+        "statuses": _status_rows(tuple(tuple(quota.count_statuses) for quota in quotas)),
     }
     if run.parent_id is not None:
         item["parent_id"] = run.parent_id
     return item
 
 
-def _status_rows(quotas: Sequence[Quota]) -> list[list[str | None]]:
+@functools.lru_cache(maxsize=256)
+def _status_rows(statuses: tuple[tuple[str, ...], ...]) -> tuple[tuple[str | None, ...], ...]:
     """Each quota's counted statuses, one row per quota, padded with ``None`` to the
-    longest: the two-dimensional array ``durable_start_run_v2`` takes (a new list per
-    row, as psycopg adapts no list twice)."""
-    width = max((len(quota.count_statuses) for quota in quotas), default=0)
-    return [
-        [*quota.count_statuses, *[None] * (width - len(quota.count_statuses))] for quota in quotas
-    ]
+    longest: the two-dimensional array ``durable_start_run_v2`` takes. A process meets
+    few combinations of counted statuses, and pads each once."""
+    width = max((len(row) for row in statuses), default=0)
+    return tuple((*row, *[None] * (width - len(row))) for row in statuses)
+
+
+@functools.lru_cache(maxsize=256)
+def _statuses_literal(statuses: tuple[tuple[str, ...], ...]) -> str:
+    """:func:`_status_rows` as an array literal, written once per combination."""
+    return arrays.text_rows(_status_rows(statuses))
 
 
 def _function_sets(fields: dict[str, Any]) -> bool:

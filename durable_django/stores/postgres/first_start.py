@@ -41,11 +41,11 @@ def by_statements(connection: BaseDatabaseWrapper, quotas: Sequence[Quota]) -> b
     errors of the others).
     """
     raw = connection.connection
-    first = raw not in _STARTED
+    if raw in _STARTED:
+        return False
     _STARTED.add(raw)
     return (
-        first
-        and hasattr(raw, "pgconn")
+        hasattr(raw, "pgconn")
         and not connection.settings_dict.get("OPTIONS", {}).get("server_side_binding")
         and len({quota.key for quota in quotas}) == len(quotas)
         and all(quota.weight >= 1 for quota in quotas)
