@@ -413,7 +413,7 @@ class Engine:
         the transaction commits (at once outside one)."""
         if run.parent_id:
             self.wake(run.parent_id)
-        if run_finished.has_listeners():
+        if run_finished.has_listeners(type(self)):
             self.store.on_commit(
                 lambda: send_signal(
                     run_finished,

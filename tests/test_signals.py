@@ -87,6 +87,27 @@ def test_a_receiver_connected_for_the_engine_class_hears_the_starts(memory_engin
     assert heard == [(Engine, one.run_id), (Engine, two.run_id), (Engine, three.run_id)]
 
 
+def test_a_receiver_connected_for_the_engine_class_hears_the_ends(memory_engine: Engine):
+    heard = []
+
+    def receiver(sender, **kwargs):
+        heard.append((sender, kwargs["run_id"], kwargs["status"]))
+
+    memory_engine.register("wf", "1", lambda ctx, i: i)
+    run_finished.connect(receiver, sender=Engine)
+    try:
+        done = memory_engine.start("wf", 1)
+        run_until_idle(memory_engine)
+        cancelled = memory_engine.start("wf", 2)
+        memory_engine.cancel(cancelled.run_id)
+    finally:
+        run_finished.disconnect(receiver, sender=Engine)
+    assert heard == [
+        (Engine, done.run_id, "completed"),
+        (Engine, cancelled.run_id, "cancelled"),
+    ]
+
+
 def test_a_failing_receiver_is_logged_and_changes_nothing(memory_engine: Engine, caplog):
     def broken(sender, **kwargs):
         raise RuntimeError("receiver bug")
