@@ -18,6 +18,8 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -52,6 +54,8 @@ from .recovery_workflows import (
 from .worker import Worker, running_worker, unique_queue, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
 
 #: The lease of every worker here, and of the test process's engine.
 LEASE_SECONDS = 2
@@ -311,6 +315,50 @@ def test_a_lost_message_is_sent_again_by_the_tick(
 
     assert log_lines(files["log"]) == ["A", "B"]
     assert steps_of(handle.run_id) == [(0, "A", "A"), (1, "B", "B")]
+
+
+def test_a_process_killed_before_its_sender_thread_sent_leaves_the_run_to_the_tick(
+    own_queue: str, broker: Broker, tmp_path: Path
+) -> None:
+    """The window between a start's commit and its message leaving, held open: a
+    process whose sender thread never gets to send is killed (``SIGKILL``: no exit
+    handler runs). Its run is committed and pending, no message was sent, and the tick
+    sends it; a worker executes it once."""
+    files = run_files(tmp_path, "killed")
+    script = f"""
+import os, signal, sys, threading, django
+django.setup()
+import tests.celery_app
+from django.test import override_settings
+from durable_django import sending
+sending._sender = sending.Sender(lambda items: threading.Event().wait())  # never sends
+from tests.recovery_workflows import once
+with override_settings(DURABLE={durable_options(own_queue)!r}):
+    handle = once.dispatch({files!r})
+assert sending.sender().handed == 1
+print(handle.run_id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=recovery_worker(own_queue).environment(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    run_id = done.stdout.strip()
+    assert run_of(run_id).status == RunStatus.PENDING
+    assert broker.queued_count(own_queue) == 0
+
+    with running_worker(own_queue, include=WORKFLOWS, env=worker_env(own_queue)) as worker:
+        resend_seconds = default_engine.config.pending_resend_seconds
+        later = timezone.now() + datetime.timedelta(seconds=resend_seconds + 1)
+        assert default_engine.tick(now=later).resent == 1
+        wait_until(status_is(run_id, RunStatus.COMPLETED), "the run to complete", worker)
+
+    assert log_lines(files["log"]) == ["A", "B"]
 
 
 def test_a_duplicated_message_executes_the_run_once(sending: Worker, tmp_path: Path) -> None:
