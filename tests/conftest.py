@@ -88,6 +88,22 @@ def redis_broker() -> Iterator[Broker]:
     yield from _broker_in_use("redis")
 
 
+@pytest.fixture
+def idle_queue(broker: Broker) -> Iterator[str]:
+    """Starts of the default engine send their runs to a fresh queue that no worker
+    consumes."""
+    from django.test import override_settings
+
+    from .worker import unique_queue
+
+    queue = unique_queue("durable-idle")
+    try:
+        with override_settings(DURABLE={"ENQUEUE": True, "QUEUE": queue}):
+            yield queue
+    finally:
+        broker.delete_queue(queue)
+
+
 def _broker_in_use(name: str) -> Iterator[Broker]:
     from .brokers import BY_NAME
 

@@ -16,7 +16,6 @@ import sys
 import textwrap
 import threading
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -158,17 +157,6 @@ def test_a_publish_mode_other_than_background_or_inline_is_refused() -> None:
 
 
 @pytest.fixture
-def queue(broker: Broker) -> Iterator[str]:
-    """A fresh queue no worker consumes; starts of the default engine send to it."""
-    name = unique_queue("durable-sending")
-    try:
-        with override_settings(DURABLE={"ENQUEUE": True, "QUEUE": name}):
-            yield name
-    finally:
-        broker.delete_queue(name)
-
-
-@pytest.fixture
 def recorded(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     """This process's sender, made anew with a send function that records each batch's
     ``(run_id, queue)`` and then sends it for real."""
@@ -210,21 +198,21 @@ def test_each_message_is_sent_with_the_celery_app_of_the_thread_that_handed_it_o
 
 @pytest.mark.django_db(transaction=True)
 def test_a_start_is_handed_to_the_sender_when_it_commits_and_sent_from_its_thread(
-    queue: str, broker: Broker, recorded: Recorder
+    idle_queue: str, broker: Broker, recorded: Recorder
 ) -> None:
     with transaction.atomic():
         handle = plain.dispatch({"n": 1})
         assert sending.sender().handed == 0  # not before the commit
     assert sending.sender().handed == 1
 
-    assert broker.queued_run_ids(queue) == [handle.run_id]
-    assert recorded.batches == [[(handle.run_id, queue)]]
+    assert broker.queued_run_ids(idle_queue) == [handle.run_id]
+    assert recorded.batches == [[(handle.run_id, idle_queue)]]
     assert recorded.threads == {"durable-sender"}
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_rolled_back_or_refused_start_hands_nothing_over(
-    queue: str, broker: Broker, recorded: Recorder
+    idle_queue: str, broker: Broker, recorded: Recorder
 ) -> None:
     with pytest.raises(RuntimeError), transaction.atomic():
         plain.dispatch({"n": 1})
@@ -235,45 +223,45 @@ def test_a_rolled_back_or_refused_start_hands_nothing_over(
         EchoWorkflow.dispatch({"key": "full"})
 
     assert sending.sender().handed == 3
-    assert len(broker.queued_run_ids(queue)) == 3
+    assert len(broker.queued_run_ids(idle_queue)) == 3
     assert sum(len(batch) for batch in recorded.batches) == 3
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_batch_is_handed_over_in_one_piece(
-    queue: str, broker: Broker, recorded: Recorder
+    idle_queue: str, broker: Broker, recorded: Recorder
 ) -> None:
     batch = plain.dispatch_many([{"n": n} for n in range(5)])
     run_ids = [handle.run_id for handle in batch.handles if handle is not None]
 
     assert len(run_ids) == 5
-    assert broker.queued_run_ids(queue) == run_ids
-    assert recorded.batches == [[(run_id, queue) for run_id in run_ids]]
+    assert broker.queued_run_ids(idle_queue) == run_ids
+    assert recorded.batches == [[(run_id, idle_queue) for run_id in run_ids]]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_inline_publish_sends_before_the_start_returns(
-    queue: str, broker: Broker, recorded: Recorder
+    idle_queue: str, broker: Broker, recorded: Recorder
 ) -> None:
-    with override_settings(DURABLE={"ENQUEUE": True, "QUEUE": queue, "PUBLISH": "inline"}):
+    with override_settings(DURABLE={"ENQUEUE": True, "QUEUE": idle_queue, "PUBLISH": "inline"}):
         handle = plain.dispatch({"n": 1})
-        assert broker.queued_run_ids(queue) == [handle.run_id]
+        assert broker.queued_run_ids(idle_queue) == [handle.run_id]
     assert sending.sender().handed == 0
 
 
 @pytest.mark.django_db(transaction=True)
 def test_under_uwsgi_without_threads_a_start_sends_inline(
-    queue: str, broker: Broker, recorded: Recorder, monkeypatch: pytest.MonkeyPatch
+    idle_queue: str, broker: Broker, recorded: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "uwsgi", types.SimpleNamespace(opt={}))
     handle = plain.dispatch({"n": 1})
     assert sending.sender().handed == 0
-    assert broker.queued_run_ids(queue) == [handle.run_id]
+    assert broker.queued_run_ids(idle_queue) == [handle.run_id]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_in_celery_eager_mode_the_run_executes_in_the_caller(
-    queue: str, recorded: Recorder
+    idle_queue: str, recorded: Recorder
 ) -> None:
     app.conf.task_always_eager = True
     try:
@@ -330,7 +318,7 @@ def test_a_forked_child_neither_sends_nor_waits_for_its_parents_messages(held: R
 
 @pytest.mark.django_db(transaction=True)
 def test_a_process_that_exits_right_after_its_start_still_sends_it(
-    queue: str, broker: Broker
+    idle_queue: str, broker: Broker
 ) -> None:
     """The interpreter's exit waits for the sender: a script that dispatches and ends
     does not leave its run to the tick. The child's sender takes 0.3 s per send, so
@@ -347,7 +335,7 @@ def test_a_process_that_exits_right_after_its_start_still_sends_it(
         sending._sender = sending.Sender(slow)
         from django.test import override_settings
         from tests.testapp.workflows import plain
-        with override_settings(DURABLE={{"ENQUEUE": True, "QUEUE": {queue!r}}}):
+        with override_settings(DURABLE={{"ENQUEUE": True, "QUEUE": {idle_queue!r}}}):
             print(plain.dispatch({{"n": 1}}).run_id)
         """
     )
@@ -360,12 +348,12 @@ def test_a_process_that_exits_right_after_its_start_still_sends_it(
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert broker.queued_run_ids(queue) == [done.stdout.strip()]
+    assert broker.queued_run_ids(idle_queue) == [done.stdout.strip()]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_when_the_thread_cannot_start_the_start_sends_inline(
-    queue: str, broker: Broker, monkeypatch: pytest.MonkeyPatch
+    idle_queue: str, broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """At the interpreter's exit no thread can start (``RuntimeError``): a start made
     then (an ``atexit`` hook dispatching) sends its message itself, nothing queued."""
@@ -380,4 +368,4 @@ def test_when_the_thread_cannot_start_the_start_sends_inline(
     handle = plain.dispatch({"n": 1})
 
     assert (fresh.handed, fresh.waiting) == (0, 0)
-    assert broker.queued_run_ids(queue) == [handle.run_id]
+    assert broker.queued_run_ids(idle_queue) == [handle.run_id]

@@ -60,17 +60,6 @@ def sending(worker: Worker) -> Iterator[Worker]:
 
 
 @pytest.fixture
-def idle_queue(broker: Broker) -> Iterator[str]:
-    """Starts send their runs to a fresh queue that no worker consumes."""
-    queue = unique_queue("durable-idle")
-    try:
-        with override_settings(DURABLE={"ENQUEUE": True, "QUEUE": queue}):
-            yield queue
-    finally:
-        broker.delete_queue(queue)
-
-
-@pytest.fixture
 def remote_workflow(broker: Broker) -> Iterator[tuple[str, str]]:
     """A workflow registered here as remote, routed to a queue of its own."""
     token = uuid.uuid4().hex
