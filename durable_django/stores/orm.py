@@ -79,6 +79,7 @@ from .base import (
 )
 from .database_checks import collation_errors, database_warnings
 from .postgres import arrays, first_start
+from .postgres.bound import fetch_one
 
 #: The calls of the functions of ``stores/postgres/functions.sql``.
 _LOCK_KEY_SQL = "SELECT durable_lock_quota_key_v1(%s)"
@@ -709,9 +710,9 @@ class OrmStore(BaseStore):
             params += [None, None, None, None]
         else:
             params += [step.position, step.name, *_step_json(step, connection)]
-        with connection.cursor() as cursor:
-            cursor.execute(_TRANSITION_SQL, params)
-            return bool(cursor.fetchone()[0])
+        row = fetch_one(connection, _TRANSITION_SQL, params)
+        assert row is not None
+        return bool(row[0])
 
     def claim_run(self, run_id: str, **fields: Any) -> tuple[RunRecord, list[StepRecord]] | None:
         """Move a pending run to running with ``fields``; return it and its recorded steps,
@@ -731,9 +732,7 @@ class OrmStore(BaseStore):
             # the disk (functions.sql says why that is safe).
             not connection.in_atomic_block,
         ]
-        with connection.cursor() as cursor:
-            cursor.execute(_CLAIM_SQL, params)
-            row = cursor.fetchone()
+        row = fetch_one(connection, _CLAIM_SQL, params)
         if row is None:
             return None
         *values, tags, steps = row
@@ -789,12 +788,13 @@ class OrmStore(BaseStore):
             return super().record_held_step(run_id, step, owner, replace=replace)
         connection = connections[self.using]
         result, error = _step_json(step, connection)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                _RECORD_HELD_SQL,
-                [run_id, owner, step.position, step.name, result, error, timezone.now()],
-            )
-            return bool(cursor.fetchone()[0])
+        row = fetch_one(
+            connection,
+            _RECORD_HELD_SQL,
+            [run_id, owner, step.position, step.name, result, error, timezone.now()],
+        )
+        assert row is not None
+        return bool(row[0])
 
     def delete_run(self, run_id: str) -> None:
         # Its tags and steps go with it (Django deletes them first, by run id).

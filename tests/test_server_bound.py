@@ -1,0 +1,128 @@
+"""The execution fast path's statements, their parameters bound by the server
+(``stores/postgres/bound.py``): within Django's management of the connection."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+from django.db import DatabaseError, OperationalError, connection, transaction
+from django.db.transaction import TransactionManagementError
+from django.test.utils import CaptureQueriesContext
+
+from durable_django.stores.postgres.bound import fetch_one
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="the fast path is PostgreSQL's"),
+]
+
+
+def test_the_parameters_go_apart_from_the_text_and_the_row_reads_as_djangos():
+    moment = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+    row = fetch_one(
+        connection,
+        "SELECT %s::text, %s::text[], %s::integer, %s::timestamptz, %s::jsonb, %s::text",
+        ["it's", ["a", "b'c"], 7, moment, '{"k": [1, 2]}', None],
+    )
+    # jsonb reads as text, as Django's loaders make it; timestamptz as an aware UTC time.
+    assert row == ("it's", ["a", "b'c"], 7, moment, '{"k": [1, 2]}', None)
+    assert fetch_one(connection, "SELECT 1 WHERE false", []) is None
+
+
+def test_the_connection_is_opened_when_closed():
+    connection.close()
+    assert fetch_one(connection, "SELECT %s::integer", [1]) == (1,)
+
+
+def test_the_execute_wrappers_see_the_statement():
+    seen: list[tuple[str, Any]] = []
+
+    def spy(execute, sql, params, many, context):
+        seen.append((sql, params))
+        assert context["connection"] is connection
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(spy):
+        assert fetch_one(connection, "SELECT %s::integer", [3]) == (3,)
+    assert seen == [("SELECT %s::integer", [3])]
+
+
+def test_with_the_query_log_the_statement_is_logged():
+    with CaptureQueriesContext(connection) as queries:
+        assert fetch_one(connection, "SELECT %s::integer", [4]) == (4,)
+    assert [q["sql"] for q in queries.captured_queries] == ["SELECT 4::integer"]
+
+
+def test_errors_are_djangos():
+    with pytest.raises(DatabaseError) as raised:
+        fetch_one(connection, "SELECT 1/%s::integer", [0])
+    assert type(raised.value).__module__ == "django.db.utils"
+
+
+def test_a_dropped_connection_raises_djangos_operational_error():
+    (pid,) = fetch_one(connection, "SELECT pg_backend_pid()", [])  # type: ignore[misc]
+    with _other() as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    with pytest.raises(OperationalError):
+        fetch_one(connection, "SELECT 1", [])
+    connection.close()
+
+
+def test_inside_atomic_it_is_part_of_the_transaction():
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TEMPORARY TABLE bound_t (v integer)")
+    try:
+        with transaction.atomic():
+            fetch_one(connection, "INSERT INTO bound_t VALUES (%s) RETURNING v", [1])
+            transaction.set_rollback(True)
+        assert fetch_one(connection, "SELECT count(*) FROM bound_t", []) == (0,)
+        with transaction.atomic():
+            fetch_one(connection, "INSERT INTO bound_t VALUES (%s) RETURNING v", [2])
+        assert fetch_one(connection, "SELECT count(*) FROM bound_t", []) == (1,)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TABLE bound_t")
+
+
+def test_a_broken_transaction_is_refused():
+    with transaction.atomic():
+        with pytest.raises(DatabaseError), transaction.atomic(savepoint=False):
+            fetch_one(connection, "SELECT 1/%s::integer", [0])
+        with pytest.raises(TransactionManagementError):
+            fetch_one(connection, "SELECT 1", [])
+
+
+def test_nothing_is_prepared():
+    for _ in range(10):
+        fetch_one(connection, "SELECT %s::integer", [5])
+    assert fetch_one(connection, "SELECT count(*) FROM pg_prepared_statements", []) == (0,)
+
+
+class _other:
+    """A second connection of the test database's, autocommitted."""
+
+    def __enter__(self) -> Any:
+        import psycopg
+
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        self.conn = psycopg.connect(**params, autocommit=True)
+        return self.conn
+
+    def __exit__(self, *exc: object) -> None:
+        self.conn.close()
+
+
+def test_one_cursor_per_connection_usable_after_an_error():
+    fetch_one(connection, "SELECT 1", [])
+    kept = connection._durable_bound_cursor[2]
+    with pytest.raises(DatabaseError):
+        fetch_one(connection, "SELECT 1/%s::integer", [0])
+    assert fetch_one(connection, "SELECT %s::integer", [6]) == (6,)
+    assert connection._durable_bound_cursor[2] is kept
+    connection.close()
+    assert fetch_one(connection, "SELECT %s::integer", [7]) == (7,)
+    assert connection._durable_bound_cursor[2] is not kept
