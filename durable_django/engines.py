@@ -61,6 +61,11 @@ class EngineConfig:
     blocked_retry_seconds: float
     pending_resend_seconds: float
 
+    @property
+    def sends_later(self) -> bool:
+        """Whether run messages leave from the process's sender thread (``PUBLISH``)."""
+        return self.publish == "background"
+
 
 class Engine:
     """Starts, reads and executes runs through one store.
@@ -354,7 +359,7 @@ class Engine:
         ``"inline"``."""
         config = self.config
         if config.enqueue and config.store.is_shared:
-            later = config.publish == "background"
+            later = config.sends_later
             config.store.on_commit(lambda: send_run(run_id, queue, later=later))
 
     def send_many(self, run_ids: Sequence[str], queue: str) -> None:
@@ -363,7 +368,7 @@ class Engine:
         config = self.config
         if run_ids and config.enqueue and config.store.is_shared:
             batch = list(run_ids)
-            later = config.publish == "background"
+            later = config.sends_later
             config.store.on_commit(lambda: send_runs(batch, queue, later=later))
 
     # waking, signals, cancel and retry ----------------------------------------------
