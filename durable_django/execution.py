@@ -360,13 +360,18 @@ class Context:
             # dropped connection with a new one: a lost database hands the run back.
             with _transaction_of(store), _reaching(store):
                 result = json_copy(_outside_body(fn, *args, **kwargs), what)
-                # After fn: the run's row is locked (FOR SHARE) only until the commit.
                 record = dataclasses.replace(step, result=result)
-                if not store.record_held_step(self.run_id, record, self.owner, replace=replace):
-                    self.lease_lost.set()
-                    raise LeaseLost(self.run_id)
                 if unwritten is not None:
                     store.record_step(self.run_id, unwritten)
+                # Last: the run's row is locked (FOR SHARE) only until the commit, which
+                # the store may send with the record (one round trip).
+                if replace:
+                    held = store.record_held_step(self.run_id, record, self.owner, replace=True)
+                else:
+                    held = store.commit_held_step(self.run_id, record, self.owner)
+                if not held:
+                    self.lease_lost.set()
+                    raise LeaseLost(self.run_id)
         except BaseException:
             # Rolled back: the earlier step's record is still to be written.
             self.unwritten = unwritten

@@ -32,6 +32,7 @@ FUNCTIONS_MIGRATIONS = [
     (APP, "0005_quota_release_notify"),
     (APP, "0007_mariadb_start_procedure"),  # MariaDB's procedure; nothing on PostgreSQL
     (APP, "0008_start_runs_set_based"),
+    (APP, "0009_record_held_step_and_commit"),
 ]
 LATEST = FUNCTIONS_MIGRATIONS[-1]
 

@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 from durable_django import Engine, RunStatus
 from durable_django.models import Run, Signal
@@ -234,8 +234,9 @@ def test_a_transactional_step_leaves_no_record_for_the_turns_end(orm_engine: Eng
     assert orm_engine.get_run(handle.run_id).status == RunStatus.COMPLETED
     assert written(token) == 1
     if connection.vendor == "postgresql":
-        # The claim; the step's write and record, in one transaction; the end, which
-        # has no record left to write (the step's four arguments are NULL).
+        # The claim; the step's write and record, in one transaction, the record sent
+        # with its COMMIT; the end, which has no record left to write (the step's four
+        # arguments are NULL).
         calls = [
             (sql.split("(")[0], params)
             for sql, params in statements
@@ -243,10 +244,66 @@ def test_a_transactional_step_leaves_no_record_for_the_turns_end(orm_engine: Eng
         ]
         assert [name for name, _ in calls] == [
             "SELECT * FROM durable_claim_run_v1",
-            "SELECT durable_record_held_step_v1",
+            "SELECT durable_record_held_step_v2",
             "SELECT durable_transition_v1",
         ]
         assert calls[-1][1][-4:] == [None, None, None, None]
+        assert next(sql for sql, _ in statements if "_v2" in sql).endswith("; COMMIT")
+
+
+def test_on_commit_callbacks_of_the_function_run_once_its_transaction_committed(
+    orm_engine: Engine, token: str
+):
+    """The transaction committed with the record (one round trip on PostgreSQL) still
+    runs what ``fn`` registered with ``transaction.on_commit``, after the commit."""
+    seen: list[int] = []
+
+    def charge() -> str:
+        Signal.objects.create(token=token)
+        transaction.on_commit(lambda: seen.append(written(token)))
+        return "charged"
+
+    def body(ctx, input):
+        first = ctx.transaction("charge", charge)
+        seen.append(-1)
+        return first
+
+    orm_engine.register("wf", "1", body)
+    handle = orm_engine.start("wf", {})
+    run_until_idle(orm_engine)
+    assert handle.result() == "charged"
+    # Run after the commit (the row visible), before the body went on.
+    assert seen == [1, -1]
+
+
+def test_inside_a_transaction_of_the_callers_the_step_commits_with_it(
+    orm_engine: Engine, token: str
+):
+    """A turn executed inside the caller's ``atomic()``: the step's transaction is a
+    savepoint of it, and its record does not commit the caller's transaction."""
+    statements: list[str] = []
+
+    def spy(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    def body(ctx, input):
+        return ctx.transaction("charge", lambda: Signal.objects.create(token=token).pk)
+
+    orm_engine.register("wf", "1", body)
+    handle = orm_engine.start("wf", {})
+
+    class Undone(Exception):
+        pass
+
+    with pytest.raises(Undone), connection.execute_wrapper(spy), transaction.atomic():
+        assert orm_engine.execute(handle.run_id)
+        assert orm_engine.get_run(handle.run_id).status == RunStatus.COMPLETED
+        raise Undone
+    # Everything was the caller's to commit, and it rolled back.
+    assert written(token) == 0
+    assert orm_engine.get_run(handle.run_id).status == RunStatus.PENDING
+    assert not [sql for sql in statements if "COMMIT" in sql]
 
 
 def test_a_store_without_a_database_runs_the_function_then_records_it(memory_engine: Engine):

@@ -391,6 +391,15 @@ class BaseStore(abc.ABC):
         False, and nothing recorded, when it does not."""
         return self._record_held(run_id, owner, "running", step, replace=replace)
 
+    def commit_held_step(self, run_id: str, step: StepRecord, owner: str) -> bool:
+        """:meth:`record_held_step` for a transactional step, called last in the step's
+        transaction (``atomic()`` on the store's database), which it may commit with the
+        record. False, and nothing recorded, when ``owner`` no longer holds the run: the
+        caller then rolls the transaction back. A store that can commit in the record's
+        own round trip does (the ORM store on PostgreSQL); this one leaves the commit to
+        the caller's ``atomic()``."""
+        return self.record_held_step(run_id, step, owner)
+
     def end_turn(
         self, run_id: str, owner: str, status: str, step: StepRecord, **fields: Any
     ) -> bool:

@@ -80,6 +80,12 @@ from .base import (
 from .database_checks import collation_errors, database_warnings
 from .postgres import arrays, first_start
 from .postgres.bound import fetch_one
+from .postgres.committing import (
+    NOT_HELD_SQLSTATE,
+    commits_in_statement,
+    execute_and_commit,
+    sqlstate,
+)
 
 #: The calls of the functions of ``stores/postgres/functions.sql``.
 _LOCK_KEY_SQL = "SELECT durable_lock_quota_key_v1(%s)"
@@ -95,6 +101,7 @@ _START_MANY_SQL = (
 )
 _CLAIM_SQL = "SELECT * FROM durable_claim_run_v1(%s, %s, %s, %s, %s, %s)"
 _RECORD_HELD_SQL = "SELECT durable_record_held_step_v1(%s, %s, %s::integer, %s, %s, %s, %s)"
+_RECORD_HELD_V2_SQL = "SELECT durable_record_held_step_v2(%s, %s, %s::integer, %s, %s, %s, %s)"
 _TRANSITION_SQL = (
     "SELECT durable_transition_v1(%s, %s::text[], %s, %s, %s, %s, %s, %s::text[], "
     "%s, %s, %s, %s, %s, %s, %s, %s, %s::integer, %s, %s::integer, %s, %s, %s)"
@@ -795,6 +802,27 @@ class OrmStore(BaseStore):
         )
         assert row is not None
         return bool(row[0])
+
+    def commit_held_step(self, run_id: str, step: StepRecord, owner: str) -> bool:
+        """``record_held_step``, then, on PostgreSQL when the step's ``atomic()`` is the
+        connection's outermost, the transaction's ``COMMIT`` in the same query string:
+        one round trip (``durable_record_held_step_v2`` raises when the run is no longer
+        held, so that the server skips the ``COMMIT``; the transaction is then marked
+        for rollback and False returned). The ``atomic()`` then finds nothing to commit
+        and runs its ``on_commit`` callbacks as usual."""
+        connection = connections[self.using]
+        if not self._fast() or not commits_in_statement(connection):
+            return self.record_held_step(run_id, step, owner)
+        result, error = _step_json(step, connection)
+        params = [run_id, owner, step.position, step.name, result, error, timezone.now()]
+        try:
+            execute_and_commit(connection, _RECORD_HELD_V2_SQL, params)
+        except DatabaseError as failure:
+            if sqlstate(failure) != NOT_HELD_SQLSTATE:
+                raise
+            transaction.set_rollback(True, using=self.using)
+            return False
+        return True
 
     def delete_run(self, run_id: str) -> None:
         # Its tags and steps go with it (Django deletes them first, by run id).

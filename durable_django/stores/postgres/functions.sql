@@ -958,3 +958,29 @@ BEGIN
         WITH ORDINALITY AS o(oc, rf, ac, fw, fn, ord);
 END
 $$;
+
+
+-- durable_record_held_step_v1's record for a caller that commits in the same round trip,
+-- a transactional step ("SELECT durable_record_held_step_v2(...); COMMIT", one query
+-- string): when p_owner does not hold the running run it records nothing and raises
+-- SQLSTATE 'DUR01', so that the server skips the COMMIT after it and the transaction,
+-- the step's own writes with it, is rolled back by its caller.
+CREATE OR REPLACE FUNCTION durable_record_held_step_v2(
+    p_id text,
+    p_owner text,
+    p_position integer,
+    p_name text,
+    p_result jsonb,
+    p_error jsonb,
+    p_now timestamptz
+) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF NOT durable_record_held_step_v1(
+        p_id, p_owner, p_position, p_name, p_result, p_error, p_now
+    ) THEN
+        RAISE EXCEPTION 'run % is not held by %', p_id, p_owner USING ERRCODE = 'DUR01';
+    END IF;
+END
+$$;

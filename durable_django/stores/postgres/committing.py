@@ -1,0 +1,55 @@
+"""A statement and the ``COMMIT`` of its transaction in one round trip.
+
+A transactional step's record is the last statement of its transaction: sending
+``COMMIT`` after it in the same query string (the simple query protocol, which Django's
+client-side binding cursor uses) saves the round trip the commit of ``atomic()`` would
+make. The server runs the ``COMMIT`` only when the statement succeeded; psycopg then sees
+the connection idle, and ``atomic()``'s own commit sends nothing (psycopg skips a commit
+outside a transaction) but runs the ``on_commit`` callbacks as always.
+
+Done only where it is sound: the ``atomic()`` is the connection's outermost (a savepoint
+of a caller's transaction must not commit it), nothing asked for a rollback, and the
+connection's cursors bind client-side (``OPTIONS["server_side_binding"]`` sends one
+statement per query).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+try:
+    from psycopg import ClientCursor
+except ImportError:  # pragma: no cover - without psycopg 3
+    ClientCursor = None  # type: ignore[assignment,misc]
+
+#: The SQLSTATE ``durable_record_held_step_v2`` raises when the run is no longer held.
+NOT_HELD_SQLSTATE = "DUR01"
+
+
+def commits_in_statement(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the transaction of ``connection``'s only ``atomic()`` may be committed by a
+    statement of its own (:func:`execute_and_commit`)."""
+    if ClientCursor is None or not connection.in_atomic_block:
+        return False
+    if len(connection.atomic_blocks) != 1 or connection.savepoint_ids:
+        return False
+    if connection.needs_rollback or not connection.commit_on_exit:
+        return False
+    raw = connection.connection
+    factory = getattr(raw, "cursor_factory", None)
+    return isinstance(factory, type) and issubclass(factory, ClientCursor)
+
+
+def execute_and_commit(connection: BaseDatabaseWrapper, statement: str, params: list[Any]) -> None:
+    """Send ``statement`` then ``COMMIT`` as one query string, through Django's cursor
+    (its execute wrappers and query log see it). An error of either raises as Django's;
+    the transaction is then over, rolled back by the server."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"{statement}; COMMIT", params)
+
+
+def sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of the psycopg error behind Django's ``error``, if any."""
+    return getattr(error.__cause__, "sqlstate", None)
