@@ -778,6 +778,18 @@ class StoreContract:
         assert store.record_held_step("run-1", retried, "w", replace=True)
         assert store.get_steps("run-1") == [retried]
 
+    def test_a_transactional_steps_record_is_made_for_the_holder_only(
+        self, store: BaseStore
+    ) -> None:
+        make(store, "run-1", RunStatus.RUNNING, lease_owner="w")
+        first = StepRecord(0, "a", result=1)
+        with store.atomic():
+            assert store.commit_held_step("run-1", first, "w")
+        assert store.get_steps("run-1") == [first]
+        with store.atomic():
+            assert not store.commit_held_step("run-1", StepRecord(1, "b", result=2), "v")
+        assert store.get_steps("run-1") == [first]
+
     def test_a_turn_ends_with_its_last_record(self, store: BaseStore) -> None:
         now = timezone.now()
         tag = quota_tag("k")
