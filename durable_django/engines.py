@@ -31,7 +31,7 @@ from .registry import (
 )
 from .retention import PurgeResult, purge
 from .serialization import check_text, json_copy, validate_text
-from .signals import run_finished
+from .signals import listened, run_finished
 from .signals import send as send_signal
 from .starting import BatchStart, WorkflowRef
 from .starting import RunHandle as RunHandle  # importable from here too, as before
@@ -418,7 +418,7 @@ class Engine:
         the transaction commits (at once outside one)."""
         if run.parent_id:
             self.wake(run.parent_id)
-        if run_finished.has_listeners(type(self)):
+        if listened(run_finished, type(self)):
             self.store.on_commit(
                 lambda: send_signal(
                     run_finished,

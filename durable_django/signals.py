@@ -31,6 +31,13 @@ run_finished = Signal()
 event_skipped = Signal()
 
 
+def listened(signal: Signal, sender: Any) -> bool:
+    """Whether ``signal`` has a receiver for ``sender`` (connected for every sender or for
+    that one): ask before preparing what only receivers need. ``has_listeners()`` asked
+    without the sender finds only the receivers connected for every sender."""
+    return signal.has_listeners(sender)
+
+
 def send(signal: Signal, sender: Any, **arguments: Any) -> None:
     """Send ``signal`` to every receiver, logging (not raising) a receiver's error."""
     for receiver, result in signal.send_robust(sender, **arguments):

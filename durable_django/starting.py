@@ -52,7 +52,7 @@ from .limits import text_lengths
 from .records import NewRun, RunRecord
 from .registry import WorkflowDefinition, validate_tags
 from .serialization import json_copy, validate_text
-from .signals import run_refused, run_started
+from .signals import listened, run_refused, run_started
 from .signals import send as send_signal
 from .status import RunStatus
 from .stores.base import StartRequest, batch_index
@@ -646,7 +646,7 @@ def _announce_started(engine: Engine, runs: Sequence[NewRun]) -> None:
     """``run_started`` for each of ``runs``, once the transaction commits; nothing to do
     when no receiver listens (asked once, for the whole batch), whether connected for
     every sender or for the engine's class, the signal's sender."""
-    if run_started.has_listeners(type(engine)):
+    if listened(run_started, type(engine)):
         for run in runs:
             engine.store.on_commit(functools.partial(_send_started, engine, run))
 
