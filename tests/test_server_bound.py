@@ -117,12 +117,14 @@ class _other:
 
 
 def test_one_cursor_per_connection_usable_after_an_error():
+    from psycopg import Cursor
+
     fetch_one(connection, "SELECT 1", [])
-    kept = connection._durable_bound_cursor[2]
+    kept = connection._durable_kept_cursors[Cursor][2]
     with pytest.raises(DatabaseError):
         fetch_one(connection, "SELECT 1/%s::integer", [0])
     assert fetch_one(connection, "SELECT %s::integer", [6]) == (6,)
-    assert connection._durable_bound_cursor[2] is kept
+    assert connection._durable_kept_cursors[Cursor][2] is kept
     connection.close()
     assert fetch_one(connection, "SELECT %s::integer", [7]) == (7,)
-    assert connection._durable_bound_cursor[2] is not kept
+    assert connection._durable_kept_cursors[Cursor][2] is not kept

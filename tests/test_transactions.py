@@ -361,3 +361,33 @@ def test_a_record_the_database_refuses_rolls_back_the_writes_and_ends_the_run(
     assert written(token) == 0
     assert all(usage.active == 0 for usage in orm_engine.quota_usage("tx:refused"))
     assert orm_engine.start("wf", {}).created
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's binding options")
+def test_with_server_side_binding_atomic_commits_the_step_itself(orm_engine: Engine, token: str):
+    """Django's server-side binding sends one statement per query: the record goes alone
+    and ``atomic()`` commits, one round trip more, with the same outcome."""
+    statements: list[str] = []
+
+    def spy(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    def body(ctx, input):
+        return ctx.transaction("charge", lambda: Signal.objects.create(token=token).pk)
+
+    orm_engine.register("wf", "1", body)
+    handle = orm_engine.start("wf", {})
+    options = connection.settings_dict["OPTIONS"]
+    connection.close()
+    options["server_side_binding"] = True
+    try:
+        with connection.execute_wrapper(spy):
+            assert orm_engine.execute(handle.run_id)
+    finally:
+        del options["server_side_binding"]
+        connection.close()
+    assert orm_engine.get_run(handle.run_id).status == RunStatus.COMPLETED
+    assert written(token) == 1
+    records = [sql for sql in statements if "durable_record_held_step" in sql]
+    assert len(records) == 1 and "_v1" in records[0] and "COMMIT" not in records[0]

@@ -43,6 +43,22 @@ def fetch_one(
     connection: BaseDatabaseWrapper, statement: str, params: list[Any]
 ) -> tuple[Any, ...] | None:
     """Execute ``statement`` with ``params`` on ``connection``; its first row, if any."""
+    return execute_kept(connection, statement, params, Cursor)
+
+
+def execute_kept(
+    connection: BaseDatabaseWrapper,
+    statement: str,
+    params: list[Any],
+    factory: Any,
+    *,
+    prepare: bool | None = None,
+) -> tuple[Any, ...] | None:
+    """Execute ``statement`` on a cursor of class ``factory`` (psycopg's ``Cursor``, or
+    its ``ClientCursor`` for a query string of several statements) kept per connection;
+    the first row of its first result, if any. Through Django's cursor with the query
+    log on or on psycopg 2; through the execute wrappers when there are any. ``prepare``
+    is psycopg's (``None``: as the connection's ``prepare_threshold`` says)."""
     if connection.queries_logged or Connection is None:
         return _through_django(connection, statement, params)
     connection.ensure_connection()
@@ -51,31 +67,34 @@ def fetch_one(
         return _through_django(connection, statement, params)
     connection.validate_thread_sharing()
     if connection.execute_wrappers:
-        return _wrapped(connection, raw, statement, params)
-    cursor = _cursor(connection, raw)
+        return _wrapped(connection, raw, statement, params, factory, prepare)
+    cursor = _cursor(connection, raw, factory)
     connection.validate_no_broken_transaction()
     with connection.wrap_database_errors:
-        cursor.execute(statement, params)
+        cursor.execute(statement, params, prepare=prepare)
         row: tuple[Any, ...] | None = cursor.fetchone()
     return row
 
 
-def _cursor(connection: BaseDatabaseWrapper, raw: Any) -> Any:
-    """The cursor of these statements on ``raw``, made once per psycopg connection and
+def _cursor(connection: BaseDatabaseWrapper, raw: Any, factory: Any) -> Any:
+    """The cursor of class ``factory`` on ``raw``, made once per psycopg connection and
     time zone: a cursor copies its connection's adapters when it is made, which costs
     about as much as quoting the parameters it saves. It is used by one statement at a
     time (its row is read before the next is sent), as a connection is one thread's."""
     timezone = connection.timezone
-    kept = getattr(connection, "_durable_bound_cursor", None)
+    kept_cursors = getattr(connection, "_durable_kept_cursors", None)
+    if kept_cursors is None:
+        kept_cursors = connection._durable_kept_cursors = {}  # type: ignore[attr-defined]
+    kept = kept_cursors.get(factory)
     if kept is not None and kept[0] is raw and kept[1] is timezone and not kept[2].closed:
         return kept[2]
-    cursor = _new_cursor(raw, timezone)
-    connection._durable_bound_cursor = (raw, timezone, cursor)  # type: ignore[attr-defined]
+    cursor = _new_cursor(raw, timezone, factory)
+    kept_cursors[factory] = (raw, timezone, cursor)
     return cursor
 
 
-def _new_cursor(raw: Any, timezone: Any) -> Any:
-    cursor = Cursor(raw)
+def _new_cursor(raw: Any, timezone: Any, factory: Any) -> Any:
+    cursor = factory(raw)
     # As Django's create_cursor: the time zone of the cursor only if the connection's differs.
     loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
     if getattr(loader, "timezone", None) != timezone:
@@ -84,16 +103,21 @@ def _new_cursor(raw: Any, timezone: Any) -> Any:
 
 
 def _wrapped(
-    connection: BaseDatabaseWrapper, raw: Any, statement: str, params: list[Any]
+    connection: BaseDatabaseWrapper,
+    raw: Any,
+    statement: str,
+    params: list[Any],
+    factory: Any,
+    prepare: bool | None,
 ) -> tuple[Any, ...] | None:
-    """:func:`fetch_one` through the connection's execute wrappers, on a cursor of its own
-    (a wrapper may send statements of its own)."""
-    cursor = _new_cursor(raw, connection.timezone)
+    """:func:`execute_kept` through the connection's execute wrappers, on a cursor of its
+    own (a wrapper may send statements of its own)."""
+    cursor = _new_cursor(raw, connection.timezone, factory)
 
     def execute(sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
         connection.validate_no_broken_transaction()
         with connection.wrap_database_errors:
-            return cursor.execute(sql, params)
+            return cursor.execute(sql, params, prepare=prepare)
 
     executor: Any = execute
     for wrapper in reversed(connection.execute_wrappers):

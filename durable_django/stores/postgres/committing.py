@@ -1,11 +1,12 @@
 """A statement and the ``COMMIT`` of its transaction in one round trip.
 
 A transactional step's record is the last statement of its transaction: sending
-``COMMIT`` after it in the same query string (the simple query protocol, which Django's
-client-side binding cursor uses) saves the round trip the commit of ``atomic()`` would
-make. The server runs the ``COMMIT`` only when the statement succeeded; psycopg then sees
-the connection idle, and ``atomic()``'s own commit sends nothing (psycopg skips a commit
-outside a transaction) but runs the ``on_commit`` callbacks as always.
+``COMMIT`` after it in the same query string saves the round trip the commit of
+``atomic()`` would make (psycopg's ``ClientCursor`` quotes the parameters into the text
+and sends it with the simple query protocol, which allows several statements). The server
+runs the ``COMMIT`` only when the statement succeeded; psycopg then sees the connection
+idle, and ``atomic()``'s own commit sends nothing (psycopg skips a commit outside a
+transaction) but runs the ``on_commit`` callbacks as always.
 
 Done only where it is sound: the ``atomic()`` is the connection's outermost (a savepoint
 of a caller's transaction must not commit it), nothing asked for a rollback, and the
@@ -18,6 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .bound import execute_kept
 
 try:
     from psycopg import ClientCursor
@@ -43,11 +46,12 @@ def commits_in_statement(connection: BaseDatabaseWrapper) -> bool:
 
 
 def execute_and_commit(connection: BaseDatabaseWrapper, statement: str, params: list[Any]) -> None:
-    """Send ``statement`` then ``COMMIT`` as one query string, through Django's cursor
-    (its execute wrappers and query log see it). An error of either raises as Django's;
-    the transaction is then over, rolled back by the server."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"{statement}; COMMIT", params)
+    """Send ``statement`` then ``COMMIT`` as one query string, its parameters quoted
+    client-side, on a ``ClientCursor`` kept per connection (:mod:`.bound`; the execute
+    wrappers and the query log see it). An error of either raises as Django's; the
+    transaction is then over, rolled back by the server."""
+    # Never prepared: a query string of two statements cannot be.
+    execute_kept(connection, f"{statement}; COMMIT", params, ClientCursor, prepare=False)
 
 
 def sqlstate(error: BaseException) -> str | None:
