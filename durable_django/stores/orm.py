@@ -329,7 +329,7 @@ class OrmStore(BaseStore):
         connection.ensure_connection()
         if first_start.by_statements(connection, quotas):
             return self._start_by_statements(run, quotas, check_existing, read_namespace)
-        params = (
+        params = [
             run.run_id,
             check_existing,
             run.workflow,
@@ -345,10 +345,10 @@ class OrmStore(BaseStore):
             arrays.integer_array([quota.weight for quota in quotas]),
             _statuses_literal(tuple(tuple(quota.count_statuses) for quota in quotas)),
             read_namespace,
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(_START_SQL, params)
-            outcome, refused, active, workflow, namespace = cursor.fetchone()
+        ]
+        row = fetch_one(connection, _START_SQL, params)
+        assert row is not None
+        outcome, refused, active, workflow, namespace = row
         if outcome == "refused":
             quota = quotas[refused - 1]
             raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
