@@ -152,3 +152,56 @@ def test_a_transactional_step_whose_database_drops_runs_again_and_commits_once(e
     assert (run.status, run.output) == (RunStatus.COMPLETED, "charged")
     assert calls == ["charge", "charge"]
     assert Signal.objects.filter(token=token).count() == 1  # committed once
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the record sent with its COMMIT is PostgreSQL's"
+)
+def test_a_transactional_step_whose_commit_answer_is_lost_is_not_run_again(engine, proxy):
+    """The server commits the step's writes and record (sent with the ``COMMIT`` on
+    PostgreSQL), then the connection drops before its answer reaches the worker: the worker
+    cannot tell whether it committed, hands the run back, and the next turn finds the
+    record and replays it, without calling the function again."""
+    from django.db import OperationalError, connections
+
+    from durable_django.models import Signal
+
+    token = f"tx:{uuid.uuid4().hex}"
+    calls: list[str] = []
+    lost: list[str] = []
+
+    def charge() -> str:
+        calls.append("charge")
+        Signal.objects.using(ALIAS).create(token=token, payload={})
+        return "charged"
+
+    def body(ctx: Any, input: Any) -> str:
+        return ctx.transaction("charge", charge)
+
+    def lose_the_answer(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if "durable_record_held_step" in sql and not lost:
+            lost.append(sql)
+            proxy.drop()
+            # The worker's next read finds the connection gone, and raises as it would
+            # have had the answer itself been lost.
+            with pytest.raises(OperationalError), connections[ALIAS].cursor() as cursor:
+                cursor.execute("SELECT 1")
+            raise OperationalError("the answer to the record and its COMMIT was lost")
+        return result
+
+    engine.register("faults.transaction_in_doubt", "1", body)
+    run_id = engine.start("faults.transaction_in_doubt", {}).run_id
+    with connections[ALIAS].execute_wrapper(lose_the_answer):
+        assert engine.execute(run_id)
+    assert lost
+    run = engine.get_run(run_id)
+    assert (run.status, run.lease_owner) == (RunStatus.PENDING, "")
+
+    assert engine.execute(run_id)
+    run = engine.get_run(run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "charged")
+    # Committed with the record before the answer was lost: replayed, not run again.
+    assert lost[0].endswith("; COMMIT")
+    assert calls == ["charge"]
+    assert Signal.objects.filter(token=token).count() == 1
