@@ -8,8 +8,10 @@ Real commits (``transaction=True``): nothing runs inside a test's transaction.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,6 +41,29 @@ def steps(engine: Engine, run_id: str) -> list[tuple[int, str, Any, Any]]:
         (s.position, s.name, s.result, s.error and s.error["type"])
         for s in engine.store.get_steps(run_id)
     ]
+
+
+@contextlib.contextmanager
+def sent() -> Iterator[list[str]]:
+    """The statements Django's connection sends inside the block."""
+    statements: list[str] = []
+
+    def spy(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(spy):
+        yield statements
+
+
+def start_one_charge(engine: Engine, token: str) -> Any:
+    """Start a run of a workflow of one transactional step writing a row under ``token``."""
+
+    def body(ctx, input):
+        return ctx.transaction("charge", lambda: Signal.objects.create(token=token).pk)
+
+    engine.register("wf", "1", body)
+    return engine.start("wf", {})
 
 
 def take_the_lease(run_id: str) -> None:
@@ -281,22 +306,12 @@ def test_inside_a_transaction_of_the_callers_the_step_commits_with_it(
 ):
     """A turn executed inside the caller's ``atomic()``: the step's transaction is a
     savepoint of it, and its record does not commit the caller's transaction."""
-    statements: list[str] = []
-
-    def spy(execute, sql, params, many, context):
-        statements.append(sql)
-        return execute(sql, params, many, context)
-
-    def body(ctx, input):
-        return ctx.transaction("charge", lambda: Signal.objects.create(token=token).pk)
-
-    orm_engine.register("wf", "1", body)
-    handle = orm_engine.start("wf", {})
+    handle = start_one_charge(orm_engine, token)
 
     class Undone(Exception):
         pass
 
-    with pytest.raises(Undone), connection.execute_wrapper(spy), transaction.atomic():
+    with pytest.raises(Undone), sent() as statements, transaction.atomic():
         assert orm_engine.execute(handle.run_id)
         assert orm_engine.get_run(handle.run_id).status == RunStatus.COMPLETED
         raise Undone
@@ -367,22 +382,12 @@ def test_a_record_the_database_refuses_rolls_back_the_writes_and_ends_the_run(
 def test_with_server_side_binding_atomic_commits_the_step_itself(orm_engine: Engine, token: str):
     """Django's server-side binding sends one statement per query: the record goes alone
     and ``atomic()`` commits, one round trip more, with the same outcome."""
-    statements: list[str] = []
-
-    def spy(execute, sql, params, many, context):
-        statements.append(sql)
-        return execute(sql, params, many, context)
-
-    def body(ctx, input):
-        return ctx.transaction("charge", lambda: Signal.objects.create(token=token).pk)
-
-    orm_engine.register("wf", "1", body)
-    handle = orm_engine.start("wf", {})
+    handle = start_one_charge(orm_engine, token)
     options = connection.settings_dict["OPTIONS"]
     connection.close()
     options["server_side_binding"] = True
     try:
-        with connection.execute_wrapper(spy):
+        with sent() as statements:
             assert orm_engine.execute(handle.run_id)
     finally:
         del options["server_side_binding"]
