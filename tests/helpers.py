@@ -4,12 +4,14 @@ status, the ``durable`` command, and values that cannot be stored. Fixtures live
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.core.management import call_command
+from django.db import connection
 
 from durable_django import Engine, RunStatus
 from durable_django import engine as default_engine
@@ -98,3 +100,17 @@ def nested(depth: int) -> list:
     for _ in range(depth - 1):
         value = [value]
     return value
+
+
+@contextlib.contextmanager
+def statements_sent() -> Iterator[list[str]]:
+    """The statements Django's default connection sends inside the block (its execute
+    wrappers see them)."""
+    sent: list[str] = []
+
+    def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(spy):
+        yield sent

@@ -21,6 +21,8 @@ from durable_django.models import QuotaLock, Run, RunTag
 from durable_django.records import NewRun
 from durable_django.stores import OrmStore
 
+from .helpers import statements_sent
+
 ON_MARIADB = os.environ.get("DURABLE_TEST_DB") == "mariadb"
 mariadb_only = pytest.mark.skipif(not ON_MARIADB, reason="the procedure is MariaDB's")
 
@@ -57,13 +59,7 @@ def start(store: OrmStore, run: NewRun, *quotas: Quota, check_existing: bool = F
 @pytest.fixture
 def statements() -> Iterator[list[str]]:
     """Every statement sent through the connection's cursors while the test runs."""
-    sent: list[str] = []
-
-    def spy(execute, sql, params, many, context):
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(spy):
+    with statements_sent() as sent:
         yield sent
 
 

@@ -8,10 +8,8 @@ Real commits (``transaction=True``): nothing runs inside a test's transaction.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +19,7 @@ from durable_django import Engine, RunStatus
 from durable_django.models import Run, Signal
 from durable_django.testing import run_until_idle
 
-from .helpers import NUL, force_status
+from .helpers import NUL, force_status, statements_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,19 +39,6 @@ def steps(engine: Engine, run_id: str) -> list[tuple[int, str, Any, Any]]:
         (s.position, s.name, s.result, s.error and s.error["type"])
         for s in engine.store.get_steps(run_id)
     ]
-
-
-@contextlib.contextmanager
-def sent() -> Iterator[list[str]]:
-    """The statements Django's connection sends inside the block."""
-    statements: list[str] = []
-
-    def spy(execute, sql, params, many, context):
-        statements.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(spy):
-        yield statements
 
 
 def start_one_charge(engine: Engine, token: str) -> Any:
@@ -311,7 +296,7 @@ def test_inside_a_transaction_of_the_callers_the_step_commits_with_it(
     class Undone(Exception):
         pass
 
-    with pytest.raises(Undone), sent() as statements, transaction.atomic():
+    with pytest.raises(Undone), statements_sent() as statements, transaction.atomic():
         assert orm_engine.execute(handle.run_id)
         assert orm_engine.get_run(handle.run_id).status == RunStatus.COMPLETED
         raise Undone
@@ -387,7 +372,7 @@ def test_with_server_side_binding_atomic_commits_the_step_itself(orm_engine: Eng
     connection.close()
     options["server_side_binding"] = True
     try:
-        with sent() as statements:
+        with statements_sent() as statements:
             assert orm_engine.execute(handle.run_id)
     finally:
         del options["server_side_binding"]
