@@ -23,6 +23,8 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from billiard import common as billiard_common
+from celery.exceptions import WorkerShutdown, WorkerTerminate
 from django.db import DatabaseError, connections
 from django.db import transaction as db_transaction
 from django.utils import timezone
@@ -92,6 +94,27 @@ class DatabaseLost(BaseException):
 
     A ``BaseException`` so that a body's ``except Exception`` does not swallow it.
     """
+
+
+def user_failure(error: BaseException) -> bool:
+    """Whether ``error``, raised through a step's function or a body, is that code's
+    failure: anything it raises (``SystemExit``, ``KeyboardInterrupt`` and
+    ``GeneratorExit`` included) but the engine's own control flow (:class:`Suspend`,
+    :class:`LeaseLost`, :class:`DatabaseLost`) and the worker's shutdown, which pass on:
+    Celery's ``WorkerShutdown`` / ``WorkerTerminate``, and the ``SystemExit`` billiard
+    raises in a pool process it is ending on a signal."""
+    if isinstance(error, Suspend | LeaseLost | DatabaseLost | WorkerShutdown | WorkerTerminate):
+        return False
+    return not (isinstance(error, SystemExit) and _pool_process_ending())
+
+
+def _pool_process_ending() -> bool:
+    """Whether this process is a Celery pool process that billiard's handler of a
+    terminating signal (``revoke(terminate=True)``, a cold shutdown) is ending."""
+    fired = getattr(billiard_common, "terminate_handler_fired", None)
+    if fired is not None:
+        return bool(fired())
+    return bool(getattr(billiard_common, "_should_have_exited", [False])[0])
 
 
 @contextlib.contextmanager
@@ -291,7 +314,9 @@ class Context:
             return replayed
         try:
             result = json_copy(_outside_body(fn, *args, **kwargs), f"the result of step {name!r}")
-        except Exception as error:
+        except BaseException as error:
+            if not user_failure(error):
+                raise
             self._fail(position, name, error, attempt, retries, backoff)
         if attempt > 1:
             self._record(StepRecord(position, name, result=result), replace=True)
@@ -335,7 +360,9 @@ class Context:
         step = StepRecord(position, name)
         try:
             result = self._in_transaction(step, attempt > 1, fn, args, kwargs)
-        except Exception as error:
+        except BaseException as error:
+            if not user_failure(error):
+                raise
             self._flush()
             self._fail(position, name, error, attempt, retries, backoff)
         self._recorded[position] = dataclasses.replace(step, result=result)
@@ -382,7 +409,7 @@ class Context:
         self,
         position: int,
         name: str,
-        error: Exception,
+        error: BaseException,
         attempt: int,
         retries: int,
         backoff: float | Callable[[int], float],
@@ -997,7 +1024,9 @@ def _run_body(body: Callable[[Any, Any], Any], context: Context) -> tuple[str, d
         failure = {**error.error, "step": error.name}
         failure.pop("retry_at", None)
         return RunStatus.FAILED, {"error": failure, "finished_at": timezone.now(), "wait": None}
-    except Exception as error:
+    except BaseException as error:
+        if not user_failure(error):
+            raise
         return RunStatus.FAILED, {
             "error": error_payload(error),
             "finished_at": timezone.now(),

@@ -1,0 +1,172 @@
+"""User code raising what is not an ``Exception`` (``SystemExit``, ``KeyboardInterrupt``,
+``GeneratorExit``, any ``BaseException``) fails its step or its run like any other error,
+in-process; the engine's own control flow and a worker's shutdown pass on. The same with
+real Celery workers is in tests/test_base_exceptions_worker.py."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from typing import Any
+
+import pytest
+from celery.exceptions import WorkerShutdown, WorkerTerminate
+
+from durable_django import Concurrency, ConcurrencyLimitError, Engine, RunStatus
+from durable_django.models import Signal
+from durable_django.testing import run_until_idle
+
+
+class Unusual(BaseException):
+    """A ``BaseException`` of the user's own."""
+
+
+def one_slot() -> Concurrency:
+    return Concurrency(key=lambda input: "the-key", limit=1)
+
+
+def assert_failed_and_slot_freed(engine: Engine, run_id: str, kind: str) -> dict[str, Any]:
+    """The run ended ``failed`` with ``kind`` as its error's type, and a second start on
+    its key is admitted (the key's one slot is free again)."""
+    run = engine.get_run(run_id)
+    assert run.status == RunStatus.FAILED, run.error
+    assert run.error["type"] == kind
+    assert not run.lease_owner
+    engine.start(run.workflow, {})
+    with pytest.raises(ConcurrencyLimitError):
+        engine.start(run.workflow, {})  # the slot the second start took is held
+    return run.error
+
+
+@pytest.mark.parametrize(
+    ("raised", "kind", "message"),
+    [
+        (SystemExit(3), "builtins.SystemExit", "3"),
+        (KeyboardInterrupt(), "builtins.KeyboardInterrupt", ""),
+        (GeneratorExit("closed"), "builtins.GeneratorExit", "closed"),
+        (Unusual("odd"), f"{__name__}.Unusual", "odd"),
+    ],
+)
+def test_a_body_raising_a_base_exception_fails_the_run(
+    engine: Engine, raised: BaseException, kind: str, message: str
+):
+    def body(ctx, input):
+        raise raised
+
+    engine.register("wf", "1", body, concurrency=one_slot())
+    handle = engine.start("wf", {})
+    assert run_until_idle(engine) == 1
+    error = assert_failed_and_slot_freed(engine, handle.run_id, kind)
+    assert error["message"] == message
+    assert f"{kind.rsplit('.', 1)[-1]}" in error["traceback"]
+
+
+def test_a_body_calling_sys_exit_fails_the_run(engine: Engine):
+    def body(ctx, input):
+        sys.exit(3)
+
+    engine.register("wf", "1", body, concurrency=one_slot())
+    handle = engine.start("wf", {})
+    assert run_until_idle(engine) == 1
+    error = assert_failed_and_slot_freed(engine, handle.run_id, "builtins.SystemExit")
+    assert error["message"] == "3"
+
+
+def test_a_step_calling_sys_exit_fails_the_step_and_the_run(engine: Engine):
+    def body(ctx, input):
+        ctx.step("exit", sys.exit)
+        return "not reached"
+
+    engine.register("wf", "1", body, concurrency=one_slot())
+    handle = engine.start("wf", {})
+    assert run_until_idle(engine) == 1
+    error = assert_failed_and_slot_freed(engine, handle.run_id, "builtins.SystemExit")
+    assert error["step"] == "exit"
+    [step] = engine.store.get_steps(handle.run_id)
+    assert step.error["type"] == "builtins.SystemExit" and step.result is None
+
+
+def test_a_body_may_catch_the_step_error_of_a_step_that_exited(engine: Engine):
+    from durable_django import StepError
+
+    def body(ctx, input):
+        try:
+            ctx.step("exit", sys.exit, "bye")
+        except StepError as error:
+            return error.error["type"]
+
+    engine.register("wf", "1", body)
+    handle = engine.start("wf", {})
+    run_until_idle(engine)
+    assert handle.result() == "builtins.SystemExit"
+
+
+def test_a_step_raising_system_exit_is_retried_then_fails(engine: Engine):
+    calls = []
+
+    def leave() -> None:
+        calls.append(1)
+        sys.exit(f"attempt {len(calls)}")
+
+    def body(ctx, input):
+        return ctx.step("leave", leave, retries=1, backoff=0)
+
+    engine.register("wf", "1", body, concurrency=one_slot())
+    handle = engine.start("wf", {})
+    assert run_until_idle(engine) == 1
+    run = engine.get_run(handle.run_id)
+    assert (run.status, run.wait) == (RunStatus.SUSPENDED, {"retry": "leave"})
+    [step] = engine.store.get_steps(handle.run_id)
+    assert step.error["type"] == "builtins.SystemExit" and step.error["attempts"] == 1
+
+    assert engine.wake(handle.run_id)
+    assert run_until_idle(engine) == 1
+    error = assert_failed_and_slot_freed(engine, handle.run_id, "builtins.SystemExit")
+    assert (error["message"], error["attempts"]) == ("attempt 2", 2)
+    assert len(calls) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transactional_step_raising_keyboard_interrupt_rolls_back_and_fails(
+    orm_engine: Engine,
+):
+    token = f"tx:{uuid.uuid4().hex}"
+
+    def charge() -> None:
+        Signal.objects.create(token=token)
+        raise KeyboardInterrupt
+
+    def body(ctx, input):
+        return ctx.transaction("charge", charge)
+
+    orm_engine.register("wf", "1", body, concurrency=one_slot())
+    handle = orm_engine.start("wf", {})
+    assert run_until_idle(orm_engine) == 1
+    error = assert_failed_and_slot_freed(orm_engine, handle.run_id, "builtins.KeyboardInterrupt")
+    assert error["step"] == "charge"
+    assert not Signal.objects.filter(token=token).exists()
+    [step] = orm_engine.store.get_steps(handle.run_id)
+    assert step.error["type"] == "builtins.KeyboardInterrupt"
+
+
+@pytest.mark.parametrize("shutdown", [WorkerShutdown(0), WorkerTerminate(1)])
+def test_a_workers_shutdown_passes_the_step_and_leaves_the_run_to_its_lease(
+    engine: Engine, shutdown: SystemExit
+):
+    """Celery raises these where its worker is stopping (a remote ``shutdown``, a hard
+    shutdown of a solo worker): not the step's failure; the run keeps its lease, which
+    lapses for the tick to hand it on."""
+
+    def stop() -> None:
+        raise shutdown
+
+    def body(ctx, input):
+        return ctx.step("stop", stop)
+
+    engine.register("wf", "1", body)
+    handle = engine.start("wf", {})
+    with pytest.raises(type(shutdown)):
+        run_until_idle(engine)
+    run = engine.get_run(handle.run_id)
+    assert run.status == RunStatus.RUNNING and run.error is None
+    assert engine.store.get_steps(handle.run_id) == []
