@@ -130,6 +130,19 @@ def test_a_failing_task_ends_failed_with_its_error(signals: list[Any]) -> None:
     assert signals[-1] == ("finished", result.id, "FAILED")
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_task_calling_sys_exit_ends_failed(signals: list[Any]) -> None:
+    result = tasks.leave.enqueue(3)
+    run_until_idle()  # returns: the task's exit is its failure, not this process's
+    result.refresh()
+
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "builtins.SystemExit"
+    assert "SystemExit: 3" in error.traceback
+    assert signals[-1] == ("finished", result.id, "FAILED")
+
+
 def test_async_and_context_tasks_run() -> None:
     doubled = tasks.double.enqueue(21)
     who = tasks.whoami.enqueue("me")
