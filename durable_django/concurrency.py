@@ -22,6 +22,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from .lifecycle import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES
 from .limits import MAX_LIMIT, MIN_LIMIT, TAG_PREFIX, text_lengths
 from .serialization import validate_text
+from .user_code import user_failure
 
 #: The statuses that occupy a slot unless ``count_statuses`` says otherwise.
 DEFAULT_CONCURRENCY_STATUSES: tuple[str, ...] = ACTIVE_STATUSES
@@ -316,7 +317,9 @@ def _resolve_key(concurrency: Concurrency, input: Any, workflow: str) -> str | N
         return concurrency.key
     try:
         key = concurrency.key(input)
-    except Exception as error:
+    except BaseException as error:
+        if not user_failure(error):
+            raise
         raise ValueError(
             f"workflow {workflow!r}: the concurrency key function raised "
             f"{type(error).__name__}: {error}"
@@ -338,7 +341,9 @@ def _resolve_weight(concurrency: Concurrency, input: Any, workflow: str, key: st
     assert callable(concurrency.weight)
     try:
         weight = concurrency.weight(input)
-    except Exception as error:
+    except BaseException as error:
+        if not user_failure(error):
+            raise
         raise ValueError(
             f"workflow {workflow!r}: the concurrency weight function raised "
             f"{type(error).__name__} for key {key!r}: {error}"
@@ -363,7 +368,9 @@ def _check_limit(limit: object, workflow: str, key: str) -> int:
 def _call_limit(function: LimitFunction, key: str, workflow: str) -> int | Awaitable[int]:
     try:
         return function(key)
-    except Exception as error:
+    except BaseException as error:
+        if not user_failure(error):
+            raise
         raise ValueError(
             f"workflow {workflow!r}: the concurrency limit function raised "
             f"{type(error).__name__} for key {key!r}: {error}"

@@ -23,8 +23,6 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from billiard import common as billiard_common
-from celery.exceptions import WorkerShutdown, WorkerTerminate
 from django.db import DatabaseError, connections
 from django.db import transaction as db_transaction
 from django.utils import timezone
@@ -55,6 +53,7 @@ from .records import RunRecord, StepRecord
 from .serialization import json_copy, storable_text, validate_text
 from .starting import RunHandle, WorkflowRef
 from .status import TERMINAL_STATUSES, RunStatus
+from .user_code import ControlFlow, user_failure
 
 if TYPE_CHECKING:
     from .engines import Engine
@@ -71,11 +70,8 @@ current_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar
 )
 
 
-class Suspend(BaseException):
-    """Ends the turn: the run waits for ``wait`` (until ``wake_at``, when given).
-
-    A ``BaseException`` so that a body's ``except Exception`` does not swallow it.
-    """
+class Suspend(ControlFlow):
+    """Ends the turn: the run waits for ``wait`` (until ``wake_at``, when given)."""
 
     def __init__(self, wait: dict[str, Any], wake_at: datetime.datetime | None = None) -> None:
         self.wait = wait
@@ -83,38 +79,14 @@ class Suspend(BaseException):
         super().__init__(wait)
 
 
-class LeaseLost(BaseException):
+class LeaseLost(ControlFlow):
     """The worker no longer holds the run (cancelled, or its lease was handed on)."""
 
 
-class DatabaseLost(BaseException):
+class DatabaseLost(ControlFlow):
     """The store's database went away during a durable call (a restart, a failover, a
     network cut). The turn ends and records nothing; the run is handed back, to be
-    replayed, rather than failed for what was no fault of its own.
-
-    A ``BaseException`` so that a body's ``except Exception`` does not swallow it.
-    """
-
-
-def user_failure(error: BaseException) -> bool:
-    """Whether ``error``, raised through a step's function or a body, is that code's
-    failure: anything it raises (``SystemExit``, ``KeyboardInterrupt`` and
-    ``GeneratorExit`` included) but the engine's own control flow (:class:`Suspend`,
-    :class:`LeaseLost`, :class:`DatabaseLost`) and the worker's shutdown, which pass on:
-    Celery's ``WorkerShutdown`` / ``WorkerTerminate``, and the ``SystemExit`` billiard
-    raises in a pool process it is ending on a signal."""
-    if isinstance(error, Suspend | LeaseLost | DatabaseLost | WorkerShutdown | WorkerTerminate):
-        return False
-    return not (isinstance(error, SystemExit) and _pool_process_ending())
-
-
-def _pool_process_ending() -> bool:
-    """Whether this process is a Celery pool process that billiard's handler of a
-    terminating signal (``revoke(terminate=True)``, a cold shutdown) is ending."""
-    fired = getattr(billiard_common, "terminate_handler_fired", None)
-    if fired is not None:
-        return bool(fired())
-    return bool(getattr(billiard_common, "_should_have_exited", [False])[0])
+    replayed, rather than failed for what was no fault of its own."""
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from .concurrency import DEFAULT_CONCURRENCY_STATUSES, Concurrency, validate_key
+from .user_code import user_failure
 
 #: The keys one task's quota may have.
 OPTION_NAMES = frozenset({"key", "key_function", "limit", "count_statuses"})
@@ -73,7 +74,9 @@ class TaskQuota:
             function = self.function()
             try:
                 found = function(*args, **kwargs)
-            except Exception as error:
+            except BaseException as error:
+                if not user_failure(error):
+                    raise
                 raise ValueError(
                     f"task {self.task!r}: the concurrency key function raised "
                     f"{type(error).__name__}: {error}"

@@ -61,6 +61,10 @@ def broken_key(*args: Any, **kwargs: Any) -> str:
     raise LookupError("no tenant in the arguments")
 
 
+def exiting_key(*args: Any, **kwargs: Any) -> str:
+    sys.exit(4)
+
+
 @task
 def keyed_badly(value: int) -> int:
     return value

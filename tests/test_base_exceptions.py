@@ -5,6 +5,7 @@ real Celery workers is in tests/test_base_exceptions_worker.py."""
 
 from __future__ import annotations
 
+import datetime
 import sys
 import uuid
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 
 from durable_django import Concurrency, ConcurrencyLimitError, Engine, RunStatus
-from durable_django.models import Signal
+from durable_django.models import Schedule, Signal
 from durable_django.testing import run_until_idle
 
 
@@ -170,3 +171,32 @@ def test_a_workers_shutdown_passes_the_step_and_leaves_the_run_to_its_lease(
     run = engine.get_run(handle.run_id)
     assert run.status == RunStatus.RUNNING and run.error is None
     assert engine.store.get_steps(handle.run_id) == []
+
+
+def exit_two(input: Any) -> str:
+    sys.exit(2)
+
+
+def test_a_key_function_calling_sys_exit_refuses_the_start_and_creates_nothing(engine: Engine):
+    engine.register("wf", "1", lambda ctx, input: input, concurrency=Concurrency(exit_two, 1))
+    with pytest.raises(ValueError, match="the concurrency key function raised SystemExit: 2"):
+        engine.start("wf", {})
+    assert engine.list_runs() == []
+
+
+def test_a_scheduled_start_whose_key_function_exits_is_skipped_and_the_tick_goes_on(
+    orm_engine: Engine,
+):
+    orm_engine.register("exits", "1", lambda ctx, i: i, concurrency=Concurrency(exit_two, 1))
+    orm_engine.register("wf", "1", lambda ctx, i: i)
+    due = datetime.datetime(2026, 5, 1, 12, 0, tzinfo=datetime.UTC)
+    exiting, good = (
+        Schedule.objects.create(key=key, workflow=workflow, interval_seconds=60, next_due_at=due)
+        for key, workflow in (("a-exits", "exits"), ("b-good", "wf"))
+    )
+    result = orm_engine.tick(now=due + datetime.timedelta(seconds=30))
+    assert (result.fired, result.skipped_windows) == (1, 1)
+    exiting.refresh_from_db()
+    assert "the concurrency key function raised SystemExit: 2" in exiting.last_error
+    good.refresh_from_db()
+    assert orm_engine.get_run(good.last_run_id).workflow == "wf"

@@ -20,11 +20,13 @@ import pytest
 pytest.importorskip("django.tasks", reason="Django before 6.0 has no tasks framework")
 
 import django
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.tasks import TaskResultStatus, default_task_backend, task, task_backends
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.test import override_settings
 from django.utils import timezone
 
 from durable_django import ConcurrencyLimitError, UnstorableValueError
@@ -202,6 +204,24 @@ def test_a_quota_per_task_refuses_and_creates_nothing(tmp_path: Any) -> None:
 def test_a_key_function_that_raises_refuses_the_enqueue() -> None:
     runs = task_runs()
     with pytest.raises(ValueError, match=r"keyed_badly.*LookupError: no tenant"):
+        tasks.keyed_badly.enqueue(1)
+    assert task_runs() == runs
+
+
+def test_a_key_function_calling_sys_exit_refuses_the_enqueue() -> None:
+    default = settings.TASKS["default"]
+    quotas = {
+        **default["OPTIONS"]["concurrency"],
+        "tests.django_task_functions.keyed_badly": {
+            "key_function": "tests.django_task_functions.exiting_key",
+            "limit": 2,
+        },
+    }
+    runs = task_runs()
+    with (
+        override_settings(TASKS={"default": {**default, "OPTIONS": {"concurrency": quotas}}}),
+        pytest.raises(ValueError, match=r"keyed_badly.*SystemExit: 4"),
+    ):
         tasks.keyed_badly.enqueue(1)
     assert task_runs() == runs
 
