@@ -37,6 +37,20 @@ def test_schedules_lists_timing_quota_and_next_due(reports):
     assert row["next_due_at"] is not None and row["last_error"] == ""
 
 
+def test_schedules_shows_the_whole_last_error_on_its_row(reports):
+    error = (
+        "window 2026-11-30T02:49:00+00:00 skipped: concurrency key 'reports' has 1 active "
+        "run(s), limit is 1; and the rest of a long message\non a second line, to its end"
+    )
+    Schedule.objects.filter(key="reports").update(last_error=error)
+    Schedule.objects.put("every-minute", workflow="tests.plain", interval_seconds=60)
+    lines = durable("schedules").splitlines()
+    [row] = [line for line in lines if line.startswith("reports ")]
+    assert row.endswith(error.replace("\n", " "))
+    [other] = [line for line in lines if line.startswith("every-minute ")]
+    assert other.endswith("  -")
+
+
 def test_no_schedules(db):
     assert durable("schedules") == "No schedules.\n"
 

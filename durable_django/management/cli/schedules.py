@@ -67,7 +67,8 @@ class SchedulesSubcommand(Subcommand):
                 "yes" if s.enabled else "no",
                 s.next_due_at,
                 s.last_fired_at,
-                (s.last_error if len(s.last_error) <= 50 else s.last_error[:47] + "..."),
+                # Whole, on one line; the last column, so it lengthens only its own row.
+                " ".join(s.last_error.splitlines()),
             ]
             for s in schedules
         ]
