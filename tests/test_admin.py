@@ -98,7 +98,7 @@ def test_anonymous_and_non_staff_users_are_sent_to_the_login(db, client, django_
 
     # Nor can they run an action.
     run_id = start_echo()
-    post_action(client, "cancel_runs", [run_id])
+    post_action(client, "cancel_runs", [run_id], post="yes")
     assert default_engine.get_run(run_id).status == RunStatus.PENDING
 
 
@@ -117,11 +117,11 @@ def test_operating_runs_takes_the_change_permission(db, staff_client):
     response = staff_client.get(reverse(CHANGELIST))
     assert response.context["action_form"] is None  # no action is offered
     run_id = start_echo()
-    response = post_action(staff_client, "cancel_runs", [run_id])
+    response = post_action(staff_client, "cancel_runs", [run_id], post="yes")
     assert default_engine.get_run(run_id).status == RunStatus.PENDING
 
     grant(staff_client.user, "change_run")
-    response = post_action(staff_client, "cancel_runs", [run_id])
+    response = post_action(staff_client, "cancel_runs", [run_id], post="yes")
     assert messages_of(response) == ["Cancelled 1 run."]
     assert default_engine.get_run(run_id).status == RunStatus.CANCELLED
 
@@ -452,7 +452,9 @@ def test_cancel_goes_through_the_engine_and_names_runs_already_ended(
         third = start_echo()
         # run_finished is sent once the cancel commits.
         with django_capture_on_commit_callbacks(execute=True):
-            response = post_action(admin_client, "cancel_runs", [first, second, third, done])
+            response = post_action(
+                admin_client, "cancel_runs", [first, second, third, done], post="yes"
+            )
     finally:
         run_finished.disconnect(on_finished)
     assert response.status_code == 200
@@ -465,11 +467,30 @@ def test_cancel_goes_through_the_engine_and_names_runs_already_ended(
     assert (third, "cancelled") in received
 
 
+def test_cancelling_asks_to_confirm_first(admin_client):
+    done = default_engine.start("tests.plain", {}).run_id
+    run_until_idle()
+    pending = start_echo()
+    response = post_action(admin_client, "cancel_runs", [pending, done])
+    html = response.content.decode()
+    assert response.status_code == 200 and "Are you sure you want to cancel 1 active run?" in html
+    assert f'href="{change_url(pending)}"' in html and "already ended: left as it is" in html
+    assert default_engine.get_run(pending).status == RunStatus.PENDING  # nothing cancelled yet
+    assert 'name="post" value="yes"' in html and 'value="cancel_runs"' in html
+    assert sorted(re.findall(r'name="_selected_action" value="([^"]+)"', html)) == sorted(
+        [pending, done]
+    )
+
+    response = post_action(admin_client, "cancel_runs", [pending, done], post="yes")
+    assert messages_of(response)[0] == "Cancelled 1 run."
+    assert default_engine.get_run(pending).status == RunStatus.CANCELLED
+
+
 def test_cancel_frees_the_slot(admin_client):
     runs = [start_echo() for _ in range(3)]
     with pytest.raises(Exception, match="limit is 3"):
         start_echo()
-    response = post_action(admin_client, "cancel_runs", runs)
+    response = post_action(admin_client, "cancel_runs", runs, post="yes")
     assert messages_of(response) == ["Cancelled 3 runs."]
     assert default_engine.count_runs(tag="concurrency:tenant:acme", statuses=["pending"]) == 0
     start_echo()

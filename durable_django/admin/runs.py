@@ -156,6 +156,7 @@ class RunAdmin(_ModelAdmin):
     change_list_template = "durable_django/admin/run_change_list.html"
     change_form_template = "durable_django/admin/run_change_form.html"
     quota_template = "durable_django/admin/quotas.html"
+    cancel_confirmation_template = "durable_django/admin/cancel_confirmation.html"
     fieldsets = [
         (
             None,
@@ -390,10 +391,23 @@ class RunAdmin(_ModelAdmin):
         report(self, request, done, singular, plural, refusals)
 
     @admin.action(description=_("Cancel selected runs"), permissions=["operate"])
-    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        """Cancel each selected run through the engine; report the ones already ended."""
-        runs = queryset.only("pk", "workflow", "status")
-        self.operate(request, runs, self.cancel_run, *CANCELLED)
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> HttpResponse | None:
+        """Cancel each selected run through the engine, once confirmed on a page listing
+        them (as delete asks); report the ones already ended."""
+        runs = list(queryset.only("pk", "workflow", "status").order_by("-created_at", "-pk"))
+        if request.POST.get("post") == "yes":
+            self.operate(request, runs, self.cancel_run, *CANCELLED)
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": gettext("Cancel the selected runs?"),
+            "opts": self.model._meta,
+            # Each run, and whether it is active (one that ended is left as it is).
+            "runs": [(run, run.status in ACTIVE_STATUSES) for run in runs],
+            "active": sum(run.status in ACTIVE_STATUSES for run in runs),
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, self.cancel_confirmation_template, context)
 
     @admin.action(description=_("Retry selected failed runs"), permissions=["operate"])
     def retry_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
