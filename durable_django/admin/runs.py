@@ -9,6 +9,7 @@ from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import flatten_fieldsets, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Exists, OuterRef, Q, QuerySet
@@ -405,7 +406,7 @@ class RunAdmin(_ModelAdmin):
             # Each run, and whether it is active (one that ended is left as it is).
             "runs": [(run, run.status in ACTIVE_STATUSES) for run in runs],
             "active": sum(run.status in ACTIVE_STATUSES for run in runs),
-            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, self.cancel_confirmation_template, context)
 
