@@ -242,6 +242,55 @@ def test_the_change_page_of_a_failed_run_shows_the_error_readably(admin_client, 
     )
 
 
+def positions(html: str, *texts: str) -> list[int]:
+    return [html.index(text) for text in texts]
+
+
+def heading(html: str, text: str) -> int:
+    """Where the section headed ``text`` starts in ``html``; -1 for none."""
+    found = re.search(rf"<h2[^>]*>\s*{text}\s*</h2>", html)
+    return found.start() if found else -1
+
+
+def test_a_run_page_shows_status_and_error_first_and_the_steps_before_the_later_sections(
+    admin_client, failing_workflow
+):
+    html = admin_client.get(change_url(failed_run())).content.decode()
+    first = positions(html, "field-status_display", "field-error_display", "field-id")
+    steps = heading(html, "Recorded steps")
+    later = [heading(html, "Times"), heading(html, "Tags")]
+    assert sorted(first) == first and max(first) < steps < min(later)
+    # A failed run waits for nothing and no worker holds it: no such sections.
+    assert heading(html, "Waiting") == heading(html, "Worker") == -1
+
+    pending = admin_client.get(change_url(start_echo())).content.decode()
+    assert "field-error_display" not in pending and heading(pending, "Waiting") == -1
+
+    definition = default_engine.register("tests.admin.sleepy", "1", lambda ctx, i: ctx.sleep(3600))
+    try:
+        sleeping = default_engine.start("tests.admin.sleepy", {}).run_id
+        run_until_idle()
+        html = admin_client.get(change_url(sleeping)).content.decode()
+    finally:
+        default_engine.registry.remove(definition.name)
+    assert 0 < heading(html, "Recorded steps") < heading(html, "Waiting")
+
+
+def test_a_child_step_links_to_its_child_and_step_names_wrap_at_their_punctuation(admin_client):
+    def parent(ctx, input):
+        return ctx.child("tests.plain", {"n": 1})
+
+    definition = default_engine.register("tests.admin.parent", "1", parent)
+    try:
+        run_id = default_engine.start("tests.admin.parent", {}).run_id
+        run_until_idle()
+        html = admin_client.get(change_url(run_id)).content.decode()
+    finally:
+        default_engine.registry.remove(definition.name)
+    assert f'<a href="{change_url(f"{run_id}/0")}">child run</a>' in html
+    assert "durable.<wbr>child:<wbr>tests.<wbr>plain" in html
+
+
 def test_the_run_list_shows_short_ids_times_to_the_second_and_durations(admin_client):
     done = default_engine.start("tests.plain", {"n": 1}).run_id
     run_until_idle()

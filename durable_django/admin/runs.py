@@ -3,6 +3,7 @@ page), and the quota page."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -27,7 +28,7 @@ from .. import estimates
 from ..concurrency import DEFAULT_CONCURRENCY_STATUSES, quota_tag
 from ..engines import default_engine
 from ..errors import ConcurrencyLimitError, DurableError
-from ..limits import TAG_PREFIX
+from ..limits import CHILD_STEP_PREFIX, TAG_PREFIX
 from ..models import Run, RunTag, Step
 from ..status import ACTIVE_STATUSES, RunStatus
 from ..stores.orm import OrmStore
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
 else:
     _ModelAdmin = admin.ModelAdmin
 
+#: The class of a run page's sections shown after its steps.
+AFTER_STEPS = "durable-after-steps"
+
 #: What cancelling or retrying one run answers: ``None`` when done, else why not.
 Operation = Callable[[HttpRequest, Run], "str | None"]
 
@@ -73,20 +77,31 @@ class RunTagInline(ReadOnlyInline):
 
 class StepInline(ReadOnlyInline):
     model = Step
-    fields = readonly_fields = ("position", "name", "outcome_display", "recorded_display")
+    fields = readonly_fields = ("position", "name_display", "outcome_display", "recorded_display")
     ordering = ["position"]
     verbose_name_plural = _("recorded steps")
     classes = ["durable-inline", "durable-steps"]
 
     recorded_display = timestamp_field("created_at", _("recorded"))
 
+    @admin.display(description=_("name"))
+    def name_display(self, step: Step) -> str:
+        return breakable(step.name)
+
     @admin.display(description=_("outcome"))
     def outcome_display(self, step: Step) -> str:
         """The result as JSON, or the error: its type and message, the rest folded (the
-        run's own error, above, shows the traceback of the step that failed it)."""
+        run's own error, above, shows the traceback of the step that failed it). A child
+        start's step links to the child run."""
         if step.error is not None:
             return error_block(step.error, folded=True)
-        return json_block(step.result)
+        result = json_block(step.result)
+        if step.name.startswith(CHILD_STEP_PREFIX) and isinstance(step.result, dict):
+            child = step.result.get("child_id")
+            if isinstance(child, str):
+                url = run_url(child, self.admin_site.name)
+                return format_html('<a href="{}">{}</a>{}', url, _("child run"), result)
+        return result
 
 
 class WorkflowFilter(admin.SimpleListFilter):
@@ -153,21 +168,25 @@ class RunAdmin(_ModelAdmin):
     # A filtered changelist does not count the whole table again.
     show_full_result_count = False
     actions = ["cancel_runs", "retry_runs", "delete_selected"]
-    inlines = [RunTagInline, StepInline]
+    inlines = [StepInline, RunTagInline]
     change_list_template = "durable_django/admin/run_change_list.html"
     change_form_template = "durable_django/admin/run_change_form.html"
     quota_template = "durable_django/admin/quotas.html"
     cancel_confirmation_template = "durable_django/admin/cancel_confirmation.html"
+    # A run's page: its status and error first, then what it is, its data, its steps (the
+    # inlines), and last the sections after the steps (AFTER_STEPS), those with nothing to
+    # show left out (get_fieldsets).
     fieldsets = [
         (
             None,
             {
                 "fields": [
+                    "status_display",
+                    "error_display",
                     "id",
                     "workflow",
                     "version",
                     "namespace",
-                    "status_display",
                     "attempt",
                     "queue",
                     "parent_link",
@@ -175,7 +194,7 @@ class RunAdmin(_ModelAdmin):
                 ]
             },
         ),
-        (_("Data"), {"fields": ["input_display", "output_display", "error_display"]}),
+        (_("Data"), {"fields": ["input_display", "output_display"]}),
         (
             _("Waiting"),
             {
@@ -183,6 +202,7 @@ class RunAdmin(_ModelAdmin):
                 "description": _(
                     "What a suspended run waits for; when a suspended or blocked run is due again."
                 ),
+                "classes": [AFTER_STEPS],
             },
         ),
         (
@@ -196,6 +216,7 @@ class RunAdmin(_ModelAdmin):
                     "duration_display",
                 ],
                 "description": _("Started is when the latest turn of the run began."),
+                "classes": [AFTER_STEPS],
             },
         ),
         (
@@ -203,11 +224,29 @@ class RunAdmin(_ModelAdmin):
             {
                 "fields": ["lease_owner", "lease_display"],
                 "description": _("A running run whose lease lapsed is handed on."),
+                "classes": [AFTER_STEPS],
             },
         ),
     ]
     # Everything shown is read-only: a run changes only through the engine.
     readonly_fields = flatten_fieldsets(fieldsets)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Run | None = None) -> Any:
+        """The run's sections, without the error of a run that has none, nor the waiting
+        and worker sections of a run that waits for nothing and has no lease."""
+        if obj is None:
+            return self.fieldsets
+        sections = []
+        for name, options in self.fieldsets:
+            fields = options["fields"]
+            if "wait_display" in fields and not (obj.wait or obj.wake_at or obj.blocked_reason):
+                continue  # it waits for nothing
+            if "lease_owner" in fields and not obj.lease_owner:
+                continue  # no worker holds it
+            if obj.error is None:
+                fields = [field for field in fields if field != "error_display"]
+            sections.append((name, {**options, "fields": fields}))
+        return sections
 
     # reading ----------------------------------------------------------------------------
 
@@ -580,9 +619,14 @@ RETRIED = (
 )
 
 
-def breakable(tag: str) -> str:
-    """A tag that may wrap after its colons (``concurrency:<wbr>tenant:<wbr>acme``)."""
-    return mark_safe(":<wbr>".join(conditional_escape(part) for part in tag.split(":")))
+def breakable(name: str) -> str:
+    """A tag or a step's name that may wrap after its colons, dots, slashes, underscores
+    and hyphens (``concurrency:<wbr>tenant:<wbr>acme``), not inside a word."""
+    return mark_safe("<wbr>".join(conditional_escape(part) for part in _BREAKS.split(name)))
+
+
+#: Where a name may wrap: after each of these characters.
+_BREAKS = re.compile(r"(?<=[:./_-])")
 
 
 def refusal_text(error: ConcurrencyLimitError) -> str:
