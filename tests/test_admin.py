@@ -460,9 +460,11 @@ def test_links_to_runs_with_awkward_ids_open_those_runs(admin_client, parent_id)
         return response.context["original"].pk
 
     def link_in(html: str, text: str) -> str:
-        # A link whose text is the id, or the run list's short id with the id on hover.
-        shown = rf'(?:{re.escape(text)}|<span class="durable-run-id" title="{re.escape(text)}">)'
-        [href] = re.findall(rf'<a href="([^"]+)">{shown}', html)
+        # A link whose text is the id, or the run list's short id with the id on hover, or
+        # a link with the id on hover (a schedule's last firing).
+        quoted = re.escape(text)
+        shown = rf'(?:>{quoted}|><span class="durable-run-id" title="{quoted}">| title="{quoted}">)'
+        [href] = re.findall(rf'<a href="([^"]+)"{shown}', html)
         return unescape(href)
 
     child_page = admin_client.get(change_url(child_id))

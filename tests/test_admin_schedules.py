@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
+import re
+
 import pytest
+from django.contrib.admin.utils import quote
 from django.urls import reverse
 
 from durable_django.models import Schedule
@@ -44,6 +48,26 @@ def test_the_changelist_shows_timing_quota_and_errors(admin_client, nightly):
     page = admin_client.get(reverse(CHANGELIST)).content.decode()
     assert "0 3 * * * (Europe/Paris)" in page and "reports ≤ 1" in page
     assert "window skipped: over the limit" in page
+
+
+def test_the_changelist_shows_times_to_the_second_and_links_the_last_run(admin_client, nightly):
+    fired = datetime.datetime(2026, 11, 30, 2, 46, 32, 811790, tzinfo=datetime.UTC)
+    run_id = "sched:nightly:2026-11-30T02:46:32.811790+00:00"
+    Schedule.objects.filter(pk=nightly.pk).update(
+        last_fired_at=fired, last_run_id=run_id, last_error="window skipped: " + "x" * 300
+    )
+    nightly.refresh_from_db()
+    page = admin_client.get(reverse(CHANGELIST)).content.decode()
+    # Times in the current time zone (UTC in the tests), to the second, never cut.
+    assert "<span>2026-11-30</span> <span>02:46:32</span>" in page
+    due = nightly.next_due_at
+    assert f"<span>{due:%Y-%m-%d}</span> <span>{due:%H:%M:%S}</span>" in page
+    assert not re.search(r"\d\d:\d\d:\d\d\.\d", re.sub(r'(title|datetime)="[^"]*"', "", page))
+    # The last firing links to its run, the id on hover; the whole error, wrapping.
+    run_link = reverse("admin:durable_django_run_change", args=[quote(run_id)])
+    assert f'<a href="{run_link}" title="{run_id}"><time' in page
+    assert f'<span class="durable-schedule-error">window skipped: {"x" * 300}</span>' in page
+    assert ".durable-schedule-error {" in page and ".durable-time span" in page
 
 
 def test_anonymous_users_are_sent_to_the_login(client, nightly):
