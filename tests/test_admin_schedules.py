@@ -68,6 +68,11 @@ def test_the_changelist_shows_times_to_the_second_and_links_the_last_run(admin_c
     assert f'<a href="{run_link}" title="{run_id}"><time' in page
     assert f'<span class="durable-schedule-error">window skipped: {"x" * 300}</span>' in page
     assert ".durable-schedule-error {" in page and ".durable-time span" in page
+    # The workflow under the key, and "disabled" for a disabled schedule.
+    assert '<div class="durable-meta"><span>tests.plain</span></div>' in page
+    Schedule.objects.filter(pk=nightly.pk).update(enabled=False)
+    page = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert '<span>tests.plain</span> · <span class="durable-disabled">disabled</span>' in page
 
 
 def test_anonymous_users_are_sent_to_the_login(client, nightly):

@@ -80,6 +80,21 @@ initech = Tenant.objects.create(slug="initech", name="Initech", plan=starter)
 failed = ChatTurnWorkflow.dispatch({{"tenant": "initech", "message": "hello"}})
 initech.delete()
 engine.execute(failed.run_id)
+
+# Two schedules: acme's weekly digest, its last window skipped over its quota.
+from durable_django.models import Schedule
+digest = Schedule.objects.put(
+    "acme-weekly-digest", workflow="chat.turn", cron="0 9 * * 1", timezone="Europe/Paris",
+    input={{"tenant": "acme", "message": "digest"}}, concurrency_key="digest:acme",
+    concurrency_limit=1,
+)
+Schedule.objects.put("globex-ping", workflow="chat.turn", interval_seconds=60,
+                     input={{"tenant": "globex", "message": "ping"}})
+Schedule.objects.filter(pk=digest.pk).update(
+    last_fired_at=engine.get_run(completed.run_id).created_at, last_run_id=completed.run_id,
+    last_error="window 2026-11-30T02:49:00+00:00 skipped: concurrency key 'tenant:acme' has "
+    "8 active run(s), limit is 8",
+)
 print("completed:", completed.run_id, engine.get_run(completed.run_id).status)
 print("failed:", failed.run_id, engine.get_run(failed.run_id).status)
 """
@@ -145,6 +160,8 @@ def project_env(tmp_path: Path) -> dict[str, str]:
         CHAT_REPLY_SECONDS="0",
         DEBUG="true",  # runserver serves the admin's static files
         PYTHONUNBUFFERED="1",
+        # The package of this checkout, not whichever one the virtualenv installed.
+        PYTHONPATH=str(EXAMPLE_PROJECT.parent),
     )
     return env
 
@@ -342,7 +359,7 @@ def test_a_failed_runs_page_fits_with_its_traceback_folded(
 
     # The failed step: its error, its traceback folded; times on one line.
     store = page.locator(".durable-steps tr.has_original").nth(1)
-    expect(store.locator("td.field-name")).to_have_text("store")
+    expect(store.locator("td.field-name_display")).to_have_text("store")
     expect(store.locator("details.durable-error-details > summary")).to_have_text("traceback")
     assert_on_one_line(page.locator(".durable-steps td.field-recorded_display time"))
 
@@ -372,6 +389,27 @@ def test_a_completed_runs_page_fits_the_window(
     )
     scroll_to_top(page, ".field-created_display")
     keep_screenshot(page, "completed-run.png", tmp_path)
+
+
+def test_the_schedule_list_fits_the_window(page: Any, example_site: Site, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{example_site.base}/admin/durable_django/schedule/")
+    rows = page.locator("#result_list tbody tr")
+    expect(rows).to_have_count(2)
+    assert_fits_the_window(page)
+    # Times to the second, each date and time whole; the last firing links to its run.
+    assert_on_one_line(page.locator("td.field-next_due_display time span"))
+    due = page.locator("td.field-next_due_display time").first.inner_text()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d\s\d\d:\d\d:\d\d", due)
+    fired = page.locator(f'td.field-last_fired_link a[title="{example_site.completed}"]')
+    expect(fired).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d\s\d\d:\d\d:\d\d$"))
+    expect(page.locator(".durable-schedule-error")).to_have_text(
+        re.compile(r"skipped: concurrency key 'tenant:acme' has 8 active run\(s\), limit is 8$")
+    )
+    keep_screenshot(page, "schedule-list.png", tmp_path)
+    fired.click()
+    page.wait_for_url(example_site.run_url(example_site.completed))
 
 
 def test_the_quota_page_shows_a_tenant_at_its_limit(

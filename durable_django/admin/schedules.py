@@ -29,18 +29,17 @@ class ScheduleAdmin(_ModelAdmin):
     following its declaration (its ``source`` becomes *admin*), and says so."""
 
     # Narrow enough for a 1,280 px window beside the admin's navigation and the filters:
-    # times to the second, the last firing linking to its run, the error wrapping.
+    # the workflow (and "disabled") under the key, the quota under the timing, times to
+    # the second, the last firing linking to its run, the error wrapping. Enabled and
+    # source are among the filters.
     list_display = [
-        "key",
-        "workflow",
-        "timing",
-        "quota",
-        "enabled",
+        "key_column",
+        "timing_column",
         "next_due_display",
         "last_fired_link",
         "last_error_display",
-        "source",
     ]
+    list_display_links = ["key_column"]
     change_list_template = "durable_django/admin/schedule_change_list.html"
     change_form_template = "durable_django/admin/schedule_change_form.html"
     list_filter = ["enabled", "source", "workflow"]
@@ -77,13 +76,29 @@ class ScheduleAdmin(_ModelAdmin):
     ]
     actions = ["enable", "disable", "fire"]
 
+    @admin.display(description="key", ordering="key")
+    def key_column(self, schedule: Schedule) -> str:
+        off = format_html(' · <span class="durable-disabled">{}</span>', "disabled")
+        return format_html(
+            '{}<div class="durable-meta"><span>{}</span>{}</div>',
+            schedule.key,
+            schedule.workflow,
+            "" if schedule.enabled else off,
+        )
+
     @admin.display(description="timing")
+    def timing_column(self, schedule: Schedule) -> str:
+        return format_html(
+            '{}<div class="durable-meta" title="quota">{}</div>',
+            self.timing(schedule),
+            self.quota(schedule),
+        )
+
     def timing(self, schedule: Schedule) -> str:
         if schedule.interval_seconds is not None:
             return f"every {schedule.interval_seconds}s"
         return f"{schedule.cron} ({schedule.timezone})"
 
-    @admin.display(description="quota")
     def quota(self, schedule: Schedule) -> str:
         if not schedule.concurrency_key:
             return "the workflow's"
