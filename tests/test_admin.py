@@ -242,6 +242,17 @@ def test_the_change_page_of_a_failed_run_shows_the_error_readably(admin_client, 
     )
 
 
+def run_once(name: str, body) -> str:
+    """The id of a run of ``body``, registered as ``name`` for the run's turns only."""
+    definition = default_engine.register(name, "1", body)
+    try:
+        run_id = default_engine.start(name, {}).run_id
+        run_until_idle()
+    finally:
+        default_engine.registry.remove(definition.name)
+    return run_id
+
+
 def positions(html: str, *texts: str) -> list[int]:
     return [html.index(text) for text in texts]
 
@@ -266,27 +277,14 @@ def test_a_run_page_shows_status_and_error_first_and_the_steps_before_the_later_
     pending = admin_client.get(change_url(start_echo())).content.decode()
     assert "field-error_display" not in pending and heading(pending, "Waiting") == -1
 
-    definition = default_engine.register("tests.admin.sleepy", "1", lambda ctx, i: ctx.sleep(3600))
-    try:
-        sleeping = default_engine.start("tests.admin.sleepy", {}).run_id
-        run_until_idle()
-        html = admin_client.get(change_url(sleeping)).content.decode()
-    finally:
-        default_engine.registry.remove(definition.name)
+    sleeping = run_once("tests.admin.sleepy", lambda ctx, input: ctx.sleep(3600))
+    html = admin_client.get(change_url(sleeping)).content.decode()
     assert 0 < heading(html, "Recorded steps") < heading(html, "Waiting")
 
 
 def test_a_child_step_links_to_its_child_and_step_names_wrap_at_their_punctuation(admin_client):
-    def parent(ctx, input):
-        return ctx.child("tests.plain", {"n": 1})
-
-    definition = default_engine.register("tests.admin.parent", "1", parent)
-    try:
-        run_id = default_engine.start("tests.admin.parent", {}).run_id
-        run_until_idle()
-        html = admin_client.get(change_url(run_id)).content.decode()
-    finally:
-        default_engine.registry.remove(definition.name)
+    run_id = run_once("tests.admin.parent", lambda ctx, input: ctx.child("tests.plain", {}))
+    html = admin_client.get(change_url(run_id)).content.decode()
     assert f'<a href="{change_url(f"{run_id}/0")}">child run</a>' in html
     assert "durable.<wbr>child:<wbr>tests.<wbr>plain" in html
 
