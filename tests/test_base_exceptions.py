@@ -200,3 +200,22 @@ def test_a_scheduled_start_whose_key_function_exits_is_skipped_and_the_tick_goes
     assert "the concurrency key function raised SystemExit: 2" in exiting.last_error
     good.refresh_from_db()
     assert orm_engine.get_run(good.last_run_id).workflow == "wf"
+
+
+def test_an_event_subscriber_whose_key_function_exits_is_skipped_and_the_others_start(
+    engine: Engine,
+):
+    engine.register("a-starts", "1", lambda ctx, i: i, on_event=["paid"])
+    engine.register(
+        "b-exits",
+        "1",
+        lambda ctx, i: i,
+        on_event=["paid"],
+        concurrency=[{"key": exit_two, "limit": 1}],
+    )
+    result = engine.publish_event("paid", {})
+    [(workflow, error)] = result.skipped
+    assert workflow == "b-exits" and "the concurrency key function raised SystemExit: 2" in str(
+        error
+    )
+    assert [run.workflow for run in engine.list_runs()] == ["a-starts"]

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from celery.exceptions import WorkerShutdown
 from django.db import DatabaseError, connection
 
 from durable_django import ConcurrencyLimitError, Engine
@@ -105,8 +106,9 @@ def test_long_event_ids_are_hashed_into_a_run_id():
 # one transaction per publish -------------------------------------------------------------
 
 
-class Interrupted(BaseException):
-    """Not an ``Exception``: what a key function raising it does is nobody's refusal."""
+class Interrupted(WorkerShutdown):
+    """The worker stopping while a key function runs: nobody's refusal nor failure, it
+    passes on (any other error of a key function skips its subscriber)."""
 
 
 def test_an_unexpected_error_on_the_second_subscriber_creates_nothing(engine: Engine):
