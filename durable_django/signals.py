@@ -13,7 +13,9 @@
 The sender is the :class:`~durable_django.Engine` class and ``engine`` the engine itself.
 A receiver that raises is logged (``durable_django.signals``) and does not change what
 the engine does: the other receivers still run, a refusal still raises
-``ConcurrencyLimitError``, a publish still starts its other subscribers.
+``ConcurrencyLimitError``, a publish still starts its other subscribers. One that raises
+what is not an ``Exception`` (``sys.exit()``) is logged too, and the receivers after it
+are not called for that sending; the worker goes on.
 Receivers run in the process that sent the signal (the web process for starts, the worker
 for finishes); keep them quick.
 """
@@ -22,6 +24,8 @@ import logging
 from typing import Any
 
 from django.dispatch import Signal
+
+from .user_code import user_failure
 
 logger = logging.getLogger("durable_django.signals")
 
@@ -39,7 +43,23 @@ def listened(signal: Signal, sender: Any) -> bool:
 
 
 def send(signal: Signal, sender: Any, **arguments: Any) -> None:
-    """Send ``signal`` to every receiver, logging (not raising) a receiver's error."""
-    for receiver, result in signal.send_robust(sender, **arguments):
+    """Send ``signal`` to every receiver, logging (not raising) a receiver's error. One
+    that raises what is not an ``Exception`` (``sys.exit()``) is logged too, and ends
+    this sending: the receivers after it are not called (a worker's shutdown passes on)."""
+    try:
+        responses = signal.send_robust(sender, **arguments)
+    except BaseException as error:
+        if not user_failure(error):
+            raise
+        logger.error(
+            "a receiver of a signal sent by durable_django raised %s; the receivers after "
+            "it were not called",
+            type(error).__name__,
+            exc_info=error,
+        )
+        return
+    for receiver, result in responses:
         if isinstance(result, Exception):
-            logger.error("receiver %r of a durable_django signal raised", receiver, exc_info=result)
+            logger.error(
+                "receiver %r of a signal sent by durable_django raised", receiver, exc_info=result
+            )

@@ -30,6 +30,7 @@ from .execution import Context
 from .records import RunRecord, StepRecord
 from .registry import WorkflowDefinition
 from .signals import run_finished
+from .signals import send as send_robustly
 from .status import RunStatus
 
 logger = logging.getLogger("durable_django.tasks_backend")
@@ -208,15 +209,13 @@ def task_result(
 
 def send(signal: Signal, input: dict[str, Any], **arguments: Any) -> None:
     """Send one of Django's task signals, from the class of the run's backend (``None``
-    when this process has no backend of that alias); a receiver that raises is logged,
-    and changes nothing of the run."""
+    when this process has no backend of that alias); a receiver that raises is logged
+    (:func:`durable_django.signals.send`), and changes nothing of the run."""
     try:
         sender: Any = type(task_backends[input["backend"]])
     except InvalidTaskBackend:
         sender = None
-    for receiver, outcome in signal.send_robust(sender, **arguments):
-        if isinstance(outcome, Exception):
-            logger.error("receiver %r of a django.tasks signal raised", receiver, exc_info=outcome)
+    send_robustly(signal, sender, **arguments)
 
 
 def _finished(sender: Any, engine: Engine, run_id: str, workflow: str, **kwargs: Any) -> None:

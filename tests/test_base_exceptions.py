@@ -219,3 +219,30 @@ def test_an_event_subscriber_whose_key_function_exits_is_skipped_and_the_others_
         error
     )
     assert [run.workflow for run in engine.list_runs()] == ["a-starts"]
+
+
+def test_a_run_finished_receiver_calling_sys_exit_is_logged_and_the_turn_ends(
+    memory_engine: Engine, caplog: pytest.LogCaptureFixture
+):
+    from durable_django.signals import run_finished
+
+    received = []
+
+    def leaves(sender: Any, **kwargs: Any) -> None:
+        sys.exit(6)
+
+    def after(sender: Any, run_id: str, **kwargs: Any) -> None:
+        received.append(run_id)
+
+    memory_engine.register("wf", "1", lambda ctx, input: "done")
+    run_finished.connect(leaves)
+    run_finished.connect(after)
+    try:
+        handle = memory_engine.start("wf", {})
+        assert run_until_idle(memory_engine) == 1
+    finally:
+        run_finished.disconnect(leaves)
+        run_finished.disconnect(after)
+    assert handle.result() == "done"
+    assert "raised SystemExit; the receivers after it were not called" in caplog.text
+    assert received == []
