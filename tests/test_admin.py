@@ -321,7 +321,7 @@ def test_the_page_of_a_run_with_an_unusual_id(admin_client):
     run_id = default_engine.start("tests.plain", {}, run_id="order/42_x").run_id
     response = admin_client.get(change_url(run_id))
     assert response.status_code == 200
-    assert f'action="{button_url(run_id, "cancel")}"' in response.content.decode()
+    assert f'href="{button_url(run_id, "cancel")}"' in response.content.decode()
     response = admin_client.post(button_url(run_id, "cancel"), follow=True)
     assert messages_of(response) == ["Cancelled 1 run."]
     assert default_engine.get_run(run_id).status == RunStatus.CANCELLED
@@ -347,7 +347,8 @@ def test_durations_for_people(seconds, shown):
 
 
 def buttons_of(response) -> list[str]:
-    return re.findall(r'<button type="submit" class="durable-(\w+)">', response.content.decode())
+    """The operations a run's page offers: Cancel (a link to its confirmation), Retry (a form)."""
+    return re.findall(r'class="durable-(cancel|retry)">', response.content.decode())
 
 
 def test_a_run_page_offers_cancel_while_active_and_retry_once_failed(
@@ -362,8 +363,27 @@ def test_a_run_page_offers_cancel_while_active_and_retry_once_failed(
     assert buttons_of(admin_client.get(change_url(failed))) == ["retry"]
     assert buttons_of(admin_client.get(change_url(done))) == []
     html = admin_client.get(change_url(active)).content.decode()
-    form = html[html.index(f'<form method="post" action="{button_url(active, "cancel")}">') :]
+    assert f'<a href="{button_url(active, "cancel")}" class="durable-cancel">' in html
+    html = admin_client.get(change_url(failed)).content.decode()
+    form = html[html.index(f'<form method="post" action="{button_url(failed, "retry")}">') :]
     assert 'name="csrfmiddlewaretoken"' in form[: form.index("</form>")]
+
+
+def test_the_cancel_button_asks_to_confirm_as_delete_does(admin_client):
+    run_id = start_echo()
+    response = admin_client.get(button_url(run_id, "cancel"))
+    html = response.content.decode()
+    assert response.status_code == 200 and "Are you sure you want to cancel 1 active run?" in html
+    assert "<title>Cancel this run?" in html
+    assert '<form method="post">' in html and 'name="post" value="yes"' in html
+    assert 'name="action"' not in html  # posts back to the button's own URL
+    assert default_engine.get_run(run_id).status == RunStatus.PENDING
+
+    response = admin_client.post(button_url(run_id, "cancel"), {"post": "yes"}, follow=True)
+    assert response.redirect_chain == [(change_url(run_id), 302)]
+    assert messages_of(response) == ["Cancelled 1 run."]
+    assert default_engine.get_run(run_id).status == RunStatus.CANCELLED
+    assert admin_client.get(button_url("no-such-run", "cancel")).status_code == 404
 
 
 def test_the_cancel_button_cancels_through_the_engine(admin_client):
@@ -423,11 +443,12 @@ def test_the_buttons_take_a_post_with_csrf_and_the_change_permission(db, staff_c
     grant(staff_client.user, "view_run")
     assert buttons_of(staff_client.get(change_url(run_id))) == []
     assert staff_client.post(button_url(run_id, "cancel")).status_code == 403
+    assert staff_client.get(button_url(run_id, "cancel")).status_code == 403
     assert default_engine.get_run(run_id).status == RunStatus.PENDING
 
     grant(staff_client.user, "change_run")
     assert buttons_of(staff_client.get(change_url(run_id))) == ["cancel"]
-    assert staff_client.get(button_url(run_id, "cancel")).status_code == 405
+    assert staff_client.get(button_url(run_id, "retry")).status_code == 405
     csrf_checked = Client(enforce_csrf_checks=True)
     csrf_checked.force_login(staff_client.user)
     assert csrf_checked.post(button_url(run_id, "cancel")).status_code == 403

@@ -391,6 +391,30 @@ def test_a_completed_runs_page_fits_the_window(
     keep_screenshot(page, "completed-run.png", tmp_path)
 
 
+def test_cancelling_a_run_from_its_page_asks_to_confirm(
+    page: Any, example_site: Site, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{example_site.base}/admin/durable_django/run/?status__exact=pending")
+    page.locator("#result_list tbody tr a").first.click()
+    cancel = page.locator(".object-tools a.durable-cancel")
+    expect(cancel).to_have_text(re.compile("cancel run", re.I))
+    colour = cancel.evaluate("el => getComputedStyle(el).backgroundColor")
+    assert colour == "rgb(186, 33, 33)"  # red, as Delete
+    run_page = page.url
+    cancel.click()
+    expect(page.locator("#content p").first).to_have_text(
+        re.compile(r"^Are you sure you want to cancel 1 active run\?")
+    )
+    assert_fits_the_window(page)
+    keep_screenshot(page, "cancel-confirmation.png", tmp_path)
+    # Taken back: nothing cancelled (the quota page's test counts these runs).
+    page.get_by_role("link", name="No, take me back").click()
+    page.wait_for_url(run_page)
+    expect(page.locator(".field-status_display")).to_contain_text("Pending")
+
+
 def test_the_schedule_list_fits_the_window(page: Any, example_site: Site, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 

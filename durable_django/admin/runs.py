@@ -22,7 +22,7 @@ from django.utils.html import conditional_escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from .. import estimates
 from ..concurrency import DEFAULT_CONCURRENCY_STATUSES, quota_tag
@@ -438,14 +438,21 @@ class RunAdmin(_ModelAdmin):
         if request.POST.get("post") == "yes":
             self.operate(request, runs, self.cancel_run, *CANCELLED)
             return None
+        return self.cancel_confirmation(request, runs, action=True)
+
+    def cancel_confirmation(
+        self, request: HttpRequest, runs: list[Run], *, action: bool
+    ) -> HttpResponse:
+        """The page asking to confirm the cancel of ``runs``: its form posts back to the
+        same URL (the changelist's action, or a run's *Cancel* button)."""
         context = {
             **self.admin_site.each_context(request),
-            "title": gettext("Cancel the selected runs?"),
+            "title": ngettext("Cancel this run?", "Cancel the selected runs?", len(runs)),
             "opts": self.model._meta,
             # Each run, and whether it is active (one that ended is left as it is).
             "runs": [(run, run.status in ACTIVE_STATUSES) for run in runs],
             "active": sum(run.status in ACTIVE_STATUSES for run in runs),
-            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME if action else None,
         }
         return TemplateResponse(request, self.cancel_confirmation_template, context)
 
@@ -456,8 +463,11 @@ class RunAdmin(_ModelAdmin):
         self.operate(request, runs, self.retry_run, *RETRIED)
 
     def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """*Cancel* on a run's page (POST)."""
-        return self.operate_view(request, object_id, self.cancel_run, CANCELLED)
+        """*Cancel* on a run's page: a page asking to confirm (GET), as delete does; the
+        cancel (POST)."""
+        if request.method == "POST":
+            return self.operate_view(request, object_id, self.cancel_run, CANCELLED)
+        return self.cancel_confirmation(request, [self.operable(request, object_id)], action=False)
 
     def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """*Retry* on a run's page (POST)."""
@@ -468,22 +478,28 @@ class RunAdmin(_ModelAdmin):
     ) -> HttpResponse:
         """Apply ``operation`` to one run, with the actions' permission, then show its page
         again with the outcome."""
+        run = self.operable(request, object_id)
+        self.operate(request, [run], operation, *texts)
+        return HttpResponseRedirect(run_url(run.pk, self.admin_site.name))
+
+    def operable(self, request: HttpRequest, object_id: str) -> Run:
+        """The run ``object_id``, for a user with the actions' permission."""
         if not self.has_operate_permission(request):
             raise PermissionDenied
         run = self.get_object(request, unquote(object_id))
         if run is None:
             raise Http404(_("No run with the id %(id)s.") % {"id": unquote(object_id)})
-        self.operate(request, [run], operation, *texts)
-        return HttpResponseRedirect(run_url(run.pk, self.admin_site.name))
+        return run
 
     def operations(self, request: HttpRequest, run: Run) -> list[dict[str, str]]:
-        """The buttons a run's page shows: *Cancel* for an active run, *Retry* for a failed
-        one, to users allowed to operate runs."""
+        """The buttons a run's page shows: *Cancel* for an active run (a link to the page
+        asking to confirm, as *Delete* is), *Retry* for a failed one (a form), to users
+        allowed to operate runs."""
         if not self.has_operate_permission(request):
             return []
         shown = []
         if run.status in ACTIVE_STATUSES:
-            shown.append({"name": "cancel", "label": gettext("Cancel run")})
+            shown.append({"name": "cancel", "label": gettext("Cancel run"), "confirm": "yes"})
         if run.status == RunStatus.FAILED:
             shown.append({"name": "retry", "label": gettext("Retry run")})
         return [
@@ -577,7 +593,7 @@ class RunAdmin(_ModelAdmin):
             # Before Django's own "<path:object_id>/" patterns, which would take them.
             path(
                 "<path:object_id>/cancel/",
-                view(require_POST(self.cancel_view)),
+                view(require_http_methods(["GET", "POST"])(self.cancel_view)),
                 name=f"{name}_cancel",
             ),
             path(
