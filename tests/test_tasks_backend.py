@@ -8,6 +8,8 @@ import importlib.util
 import django
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from durable_django import tasks_backend
@@ -88,3 +90,12 @@ def test_a_task_run_is_shown_by_its_tasks_path() -> None:
     assert shown_name(TASK_WORKFLOW, {"task": "app.tasks.send", "args": []}) == "app.tasks.send"
     assert shown_name("orders.ship", {"task": "app.tasks.send"}) == "orders.ship"
     assert shown_name(TASK_WORKFLOW, None) == TASK_WORKFLOW  # an input that names no task
+
+
+@pytest.mark.django_db
+def test_manage_py_check_reports_bad_settings_rather_than_crashing() -> None:
+    bad = {"BACKEND": BACKEND_PATH, "OPTIONS": {"concurrency": {"app.tasks.send": {"key": None}}}}
+    with override_settings(TASKS={"default": bad}), pytest.raises(SystemCheckError) as failed:
+        call_command("check")
+    assert "durable_django.E006" in str(failed.value)
+    assert "TASKS['default']['OPTIONS']['concurrency']['app.tasks.send']" in str(failed.value)
