@@ -94,8 +94,12 @@ def test_a_task_run_is_shown_by_its_tasks_path() -> None:
 
 @pytest.mark.django_db
 def test_manage_py_check_reports_bad_settings_rather_than_crashing() -> None:
-    bad = {"BACKEND": BACKEND_PATH, "OPTIONS": {"concurrency": {"app.tasks.send": {"key": None}}}}
+    quota = {"key": None, "limit": 2}
+    bad = {"BACKEND": BACKEND_PATH, "OPTIONS": {"concurrency": {"app.tasks.send": quota}}}
     with override_settings(TASKS={"default": bad}), pytest.raises(SystemCheckError) as failed:
         call_command("check")
     assert "durable_django.E006" in str(failed.value)
-    assert "TASKS['default']['OPTIONS']['concurrency']['app.tasks.send']" in str(failed.value)
+    assert (
+        "TASKS['default']['OPTIONS']['concurrency']['app.tasks.send']: 'key' must be a str or "
+        "a callable, not NoneType" in str(failed.value)
+    )
