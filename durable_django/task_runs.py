@@ -134,9 +134,6 @@ def _is_attempt(step: StepRecord) -> bool:
 # a run as a TaskResult ----------------------------------------------------------------
 
 
-# a run as a TaskResult ----------------------------------------------------------------
-
-
 def load_task(run_id: str, input: dict[str, Any]) -> Task[..., Any]:
     """The task a run executes, as it was enqueued (its ``run_after`` and queue)."""
     path = input["task"]
