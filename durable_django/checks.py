@@ -290,8 +290,9 @@ def check_tasks_backend(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     """Check each ``TASKS`` entry naming the durable task backend: its ``QUEUES`` and
-    ``OPTIONS`` (``E006``: every enqueue would be refused), and, on a Django without
-    ``django.tasks`` (before 6.0), warn that nothing would ever use it (``W007``)."""
+    ``OPTIONS`` (``E006``: every enqueue would be refused; ``W004``: a task's quota limit
+    refuses every enqueue of it), and, on a Django without ``django.tasks`` (before 6.0),
+    warn that nothing would ever use it (``W007``)."""
     messages: list[checks.CheckMessage] = []
     for alias in configured_aliases():
         if not TASKS_AVAILABLE:
@@ -303,7 +304,7 @@ def check_tasks_backend(
                 )
             )
         try:
-            backend_settings(alias, settings.TASKS[alias])
+            checked = backend_settings(alias, settings.TASKS[alias])
         except ImproperlyConfigured as error:
             messages.append(
                 checks.Error(
@@ -313,4 +314,15 @@ def check_tasks_backend(
                     id="durable_django.E006",
                 )
             )
+            continue
+        messages += [
+            checks.Warning(
+                f"TASKS[{alias!r}]['OPTIONS']['concurrency'][{path!r}] has limit "
+                f"{quota.limit}: every enqueue of the task is refused",
+                hint="Give a positive limit, or no quota for the task.",
+                id="durable_django.W004",
+            )
+            for path, quota in checked.quotas.items()
+            if quota.limit <= 0
+        ]
     return messages

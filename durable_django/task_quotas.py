@@ -154,7 +154,8 @@ def task_quotas(option: Any, where: str = "concurrency") -> dict[str, TaskQuota]
         try:
             quotas[task] = task_quota(task, spec)
         except (TypeError, ValueError) as error:
-            raise type(error)(f"{where}[{task!r}]: {error}") from None
+            kind = ValueError if isinstance(error, ValueError) else TypeError
+            raise kind(f"{where}[{task!r}]: {error}") from None
     return quotas
 
 

@@ -302,6 +302,10 @@ def test_a_tasks_queue_is_the_celery_queue_of_its_run() -> None:
             r"\['app.tasks.send'\]: 'key' must be a str or a callable, not NoneType",
         ),
         (
+            {"concurrency": {"app.tasks.send": {"key": "a\x00b", "limit": 2}}},
+            r"\['app.tasks.send'\]: concurrency key.*NUL",
+        ),
+        (
             {"concurrency": {"app.tasks.send": {"key": "k", "limit": "2"}}},
             r"\['app.tasks.send'\]: 'limit' must be an int",
         ),

@@ -70,6 +70,14 @@ def test_settings_that_would_refuse_every_task_are_a_check_error() -> None:
     with override_settings(TASKS={"default": {**bad, "QUEUES": "emails"}}):
         [error] = [m for m in check_tasks_backend() if m.id == "durable_django.E006"]
     assert error.msg.startswith("TASKS['default']['QUEUES'] must be a list of queue names")
+    quota = {"key": "k", "limit": 0}
+    refusing = {"BACKEND": BACKEND_PATH, "OPTIONS": {"concurrency": {"app.tasks.send": quota}}}
+    with override_settings(TASKS={"default": refusing}):
+        [warning] = [m for m in check_tasks_backend() if m.id == "durable_django.W004"]
+    assert warning.msg == (
+        "TASKS['default']['OPTIONS']['concurrency']['app.tasks.send'] has limit 0: every "
+        "enqueue of the task is refused"
+    )
     good = {"BACKEND": BACKEND_PATH, "QUEUES": ["default", "emails"]}
     with override_settings(TASKS={"default": good}):
         assert [m for m in check_tasks_backend() if m.id == "durable_django.E006"] == []
