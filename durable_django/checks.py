@@ -15,6 +15,7 @@ from .conf import durable_settings
 from .engines import default_engine
 from .models import Schedule
 from .registry import default_registry
+from .task_quotas import backend_settings
 from .tasks_backend import TASKS_AVAILABLE, configured_aliases, unavailable_message
 
 if TYPE_CHECKING:
@@ -288,15 +289,40 @@ def check_schedules(
 def check_tasks_backend(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """Warn when ``TASKS`` names the durable task backend on a Django without
-    ``django.tasks`` (before 6.0): nothing would ever use it."""
-    if TASKS_AVAILABLE:
-        return []
-    return [
-        checks.Warning(
-            f"TASKS[{alias!r}]: {unavailable_message()}",
-            hint="Upgrade to Django 6.0 or later, or take DurableTaskBackend out of TASKS.",
-            id="durable_django.W007",
-        )
-        for alias in configured_aliases()
-    ]
+    """Check each ``TASKS`` entry naming the durable task backend: its ``QUEUES`` and
+    ``OPTIONS`` (``E006``: every enqueue would be refused; ``W004``: a task's quota limit
+    refuses every enqueue of it), and, on a Django without ``django.tasks`` (before 6.0),
+    warn that nothing would ever use it (``W007``)."""
+    messages: list[checks.CheckMessage] = []
+    for alias in configured_aliases():
+        if not TASKS_AVAILABLE:
+            messages.append(
+                checks.Warning(
+                    f"TASKS[{alias!r}]: {unavailable_message()}",
+                    hint="Upgrade to Django 6.0 or later, or take DurableTaskBackend out of TASKS.",
+                    id="durable_django.W007",
+                )
+            )
+        try:
+            checked = backend_settings(alias, settings.TASKS[alias])
+        except ImproperlyConfigured as error:
+            messages.append(
+                checks.Error(
+                    str(error),
+                    hint="Every task enqueued on this backend is refused until it is fixed; "
+                    "see the backend's QUEUES and OPTIONS in the django.tasks docs.",
+                    id="durable_django.E006",
+                )
+            )
+            continue
+        messages += [
+            checks.Warning(
+                f"TASKS[{alias!r}]['OPTIONS']['concurrency'][{path!r}] has limit "
+                f"{quota.limit}: every enqueue of the task is refused",
+                hint="Give a positive limit, or no quota for the task.",
+                id="durable_django.W004",
+            )
+            for path, quota in checked.quotas.items()
+            if quota.limit <= 0
+        ]
+    return messages

@@ -3,23 +3,27 @@ through :mod:`durable_django.tasks_backend`, which is importable on any Django."
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.tasks import DEFAULT_TASK_QUEUE_NAME, TaskResultStatus
+from django.tasks import TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskResult
-from django.tasks.exceptions import InvalidTask
+from django.tasks.exceptions import InvalidTask, InvalidTaskBackend
 from django.tasks.signals import task_enqueued
 from django.utils.module_loading import import_string
 
 from . import task_runs
 from .engines import Engine, default_engine
+from .errors import ConcurrencyLimitError
 from .serialization import json_copy
-from .task_quotas import TaskQuota, task_quota, task_quotas
+from .task_meta import TASK_WORKFLOW, task_path
+from .task_quotas import TaskQuota, backend_settings, celery_queue, task_quota
+from .usage import RECENT_RUNS, QuotaUsage
 
 if TYPE_CHECKING:
     _Task = Task[..., Any]
@@ -28,9 +32,6 @@ else:
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
-
-#: The keys of the backend's ``OPTIONS``.
-OPTION_NAMES = frozenset({"concurrency"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,8 +48,11 @@ class DurableTaskBackend(BaseTaskBackend):
 
     ``TaskResult.id`` is the run id. ``OPTIONS["concurrency"]`` maps the dotted path of a
     task to its quota (see :mod:`durable_django.task_quotas`); an enqueue over it raises
-    :class:`~durable_django.ConcurrencyLimitError` and creates nothing. ``QUEUES`` is
-    not supported: every task runs on the engine's queue (``DURABLE["QUEUE"]``).
+    :class:`~durable_django.ConcurrencyLimitError` and creates nothing. A task's
+    ``queue_name`` (one of ``QUEUES``) is the Celery queue its run is sent to, Django's
+    ``"default"`` being the workers' queue (``DURABLE["QUEUE"]``); its ``priority`` is
+    kept on the run, for its message. Settings that are wrong are reported by the system
+    check (``durable_django.E006``) and refuse every task with ``ImproperlyConfigured``.
     """
 
     task_class = DurableTask
@@ -56,38 +60,31 @@ class DurableTaskBackend(BaseTaskBackend):
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
-    supports_priority = False
+    supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
-        super().__init__(alias, params)
-        where = f"TASKS[{alias!r}]"
-        if self.queues != {DEFAULT_TASK_QUEUE_NAME}:
-            raise ImproperlyConfigured(
-                f"{where}['QUEUES']: DurableTaskBackend runs every task on the queue of its "
-                f"workers (DURABLE['QUEUE']) and does not route by queue_name; leave QUEUES "
-                f"out (only {DEFAULT_TASK_QUEUE_NAME!r})"
-            )
-        if not isinstance(self.options, Mapping):
-            raise ImproperlyConfigured(f"{where}['OPTIONS'] must be a dict")
-        unknown = set(self.options) - OPTION_NAMES
-        if unknown:
-            raise ImproperlyConfigured(
-                f"{where}['OPTIONS']: unknown option(s) {sorted(unknown)}; "
-                f"expected {sorted(OPTION_NAMES)}"
-            )
+        # Built as Django's own check asks for it: settings that are wrong are kept, to be
+        # reported by the check and raised by every task, not raised here.
+        self.settings_error: ImproperlyConfigured | None = None
         try:
-            self.quotas: dict[str, TaskQuota] = task_quotas(
-                self.options.get("concurrency", {}), f"{where}['OPTIONS']['concurrency']"
-            )
-        except (TypeError, ValueError) as error:
-            raise ImproperlyConfigured(str(error)) from None
+            checked = backend_settings(alias, params)
+        except ImproperlyConfigured as error:
+            self.settings_error = error
+            params = {}
+            self.quotas: dict[str, TaskQuota] = {}
+        else:
+            self.quotas = checked.quotas
+        super().__init__(alias, params)
         self.engine: Engine = default_engine
+        self._queue_engines: dict[str, tuple[Any, Engine]] = {}
         task_runs.register(self.engine)
 
     # tasks --------------------------------------------------------------------------
 
     def validate_task(self, task: Task[..., Any]) -> None:
-        """Django's checks, and the task's own ``concurrency`` option."""
+        """The backend's settings, Django's checks, and the task's own ``concurrency``."""
+        if self.settings_error is not None:
+            raise ImproperlyConfigured(str(self.settings_error))
         super().validate_task(task)
         self._own_quota(task)
 
@@ -129,31 +126,59 @@ class DurableTaskBackend(BaseTaskBackend):
             "kwargs": kwargs,
             "backend": self.alias,
             "queue_name": task.queue_name,
+            "priority": task.priority,
             "run_after": run_after.isoformat() if run_after is not None else None,
         }
-        engine = self.engine
-        handle = engine.start(
-            task_runs.WORKFLOW,
-            input,
-            concurrency=quota.for_call(args, kwargs) if quota is not None else None,
-        )
+        engine = self.queue_engine(task.queue_name)
+        try:
+            handle = engine.start(
+                task_runs.WORKFLOW,
+                input,
+                concurrency=quota.for_call(args, kwargs) if quota is not None else None,
+            )
+        except ConcurrencyLimitError as error:
+            raise _refused(error, path) from None
         result = task_runs.task_result(
             task,
             handle.run_id,
             TaskResultStatus.READY,
             input,
             enqueued_at=engine.get_run(handle.run_id).created_at,
-            started=None,
+            started=[],
         )
         engine.store.on_commit(lambda: task_runs.send(task_enqueued, input, task_result=result))
         return cast("TaskResult[_P, _R]", result)
+
+    def queue_engine(self, queue_name: str) -> Engine:
+        """The engine that starts the tasks of Django queue ``queue_name``: the default
+        engine, with the queue's Celery queue (:func:`~durable_django.task_quotas.celery_queue`)
+        as the queue of the runs it creates and sends."""
+        queue = celery_queue(queue_name)
+        default = self.engine
+        config = default.config
+        if not queue or queue == config.queue:
+            return default
+        made = self._queue_engines.get(queue)
+        if made is None or made[0] is not config:  # new, or the settings changed since
+            engine = Engine(
+                config.store,
+                namespace=config.namespace,
+                scope_reads=config.scope_reads,
+                queue=queue,
+                enqueue=config.enqueue,
+                publish=config.publish,
+                registry=default.registry,
+            )
+            made = self._queue_engines[queue] = (config, engine)
+        return made[1]
 
     def get_result(self, result_id: str) -> TaskResult[..., Any]:
         """The task run ``result_id`` as it is now, from any process."""
         return task_runs.read_result(self.engine, result_id)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """Each task of ``OPTIONS["concurrency"]`` and its key function can be imported."""
+        """Each task of ``OPTIONS["concurrency"]`` and its key function can be imported.
+        (Settings that are wrong are ``durable_django.E006``, of the app's own check.)"""
         messages: list[checks.CheckMessage] = []
         for path, quota in self.quotas.items():
             where = f"TASKS[{self.alias!r}]['OPTIONS']['concurrency'][{path!r}]"
@@ -174,6 +199,53 @@ class DurableTaskBackend(BaseTaskBackend):
         return messages
 
 
+# quota usage --------------------------------------------------------------------------
+
+
+def task_usage(engine: Engine, usage: QuotaUsage) -> QuotaUsage:
+    """``usage`` of a key that task runs hold, as tasks show it: the dotted paths of the
+    tasks of its latest runs in place of the workflow tasks run as, and, when no workflow
+    declares the key's limit, the limit of the quota its latest task run was enqueued
+    under."""
+    if TASK_WORKFLOW not in usage.workflows:
+        return usage
+    runs = engine.store.list_runs(
+        tag=usage.tag, workflow=TASK_WORKFLOW, namespace=engine.read_namespace, limit=RECENT_RUNS
+    )
+    paths = {path for run in runs if (path := task_path(run.workflow, run.input))}
+    shown = {*usage.workflows, *paths} - {TASK_WORKFLOW} if paths else set(usage.workflows)
+    limit = usage.limit
+    if limit is None and runs:
+        limit = _quota_limit(runs[0].input)
+    return dataclasses.replace(usage, workflows=tuple(sorted(shown)), limit=limit)
+
+
+def _quota_limit(input: dict[str, Any]) -> int | None:
+    """The limit of the quota of the task ``input`` names, on its backend in this
+    process (``None`` when either cannot be found here)."""
+    try:
+        backend = task_backends[input["backend"]]
+        task = import_string(input["task"])
+    except (InvalidTaskBackend, ImportError, KeyError):
+        return None
+    if not isinstance(backend, DurableTaskBackend) or not isinstance(task, Task):
+        return None
+    try:
+        quota = backend.quota(task)
+    except Exception:  # a task's own quota that does not check: nothing to show
+        return None
+    return quota.limit if quota is not None else None
+
+
+def _refused(error: ConcurrencyLimitError, path: str) -> ConcurrencyLimitError:
+    """``error`` as the refusal of task ``path``: the task's path stands for the workflow
+    every task runs as, in ``error.workflow`` and its message."""
+    kind, arguments = error.__reduce__()[:2]
+    refused: ConcurrencyLimitError = kind(path, *arguments[1:])
+    refused.engine, refused.line = error.engine, error.line
+    return refused
+
+
 def _importable(path: str) -> Any:
     try:
         return import_string(path)
@@ -181,4 +253,4 @@ def _importable(path: str) -> Any:
         return None
 
 
-__all__ = ["DurableTask", "DurableTaskBackend"]
+__all__ = ["DurableTask", "DurableTaskBackend", "task_usage"]

@@ -1,5 +1,6 @@
-"""Quotas on the tasks of Django's tasks framework: the ``concurrency`` option of
-:class:`~durable_django.tasks_backend.DurableTaskBackend`, checked and resolved.
+"""The settings of :class:`~durable_django.tasks_backend.DurableTaskBackend` checked
+(:func:`backend_settings`, asked by the backend and by the system check, on any Django),
+and its quotas on the tasks of Django's tasks framework, resolved per enqueue.
 
 One task's quota is a dict:
 
@@ -21,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from .concurrency import DEFAULT_CONCURRENCY_STATUSES, Concurrency, validate_key
@@ -46,6 +48,8 @@ class TaskQuota:
     def function(self) -> TaskKeyFunction:
         """The key function, imported from its dotted path on first use."""
         function = self.key_function
+        if function is None:
+            raise ValueError(f"task {self.task!r}: the concurrency has no key nor key_function")
         if isinstance(function, str):
             try:
                 imported = import_string(function)
@@ -61,7 +65,6 @@ class TaskQuota:
                 )
             function = imported
             object.__setattr__(self, "key_function", function)
-        assert function is not None, "a quota without a key has a key function"
         return function
 
     def for_call(self, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any] | None:
@@ -114,7 +117,7 @@ def task_quota(task: str, option: Any) -> TaskQuota:
         raise TypeError(f"'limit' must be an int, not {type(limit).__name__} {limit!r}")
     key = option.get("key")
     function = option.get("key_function")
-    if key is not None and not isinstance(key, str):
+    if "key" in option and not isinstance(key, str):
         if not callable(key):
             raise TypeError(f"'key' must be a str or a callable, not {type(key).__name__}")
         key, function = None, key
@@ -128,10 +131,9 @@ def task_quota(task: str, option: Any) -> TaskQuota:
         limit,
         option.get("count_statuses", DEFAULT_CONCURRENCY_STATUSES),
     )
-    assert isinstance(checked.limit, int)
     return TaskQuota(
         task=task,
-        limit=checked.limit,
+        limit=limit,
         key=key,
         key_function=function,
         count_statuses=checked.count_statuses,
@@ -155,8 +157,76 @@ def task_quotas(option: Any, where: str = "concurrency") -> dict[str, TaskQuota]
         try:
             quotas[task] = task_quota(task, spec)
         except (TypeError, ValueError) as error:
-            raise type(error)(f"{where}[{task!r}]: {error}") from None
+            kind = ValueError if isinstance(error, ValueError) else TypeError
+            raise kind(f"{where}[{task!r}]: {error}") from None
     return quotas
 
 
-__all__ = ["OPTION_NAMES", "TaskQuota", "task_quota", "task_quotas"]
+#: The keys of the backend's ``OPTIONS``.
+BACKEND_OPTION_NAMES = frozenset({"concurrency"})
+#: Django's queue of a task that names none (``django.tasks.DEFAULT_TASK_QUEUE_NAME``).
+DEFAULT_QUEUE_NAME = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSettings:
+    """A ``TASKS`` entry of the backend, checked: its ``QUEUES`` and the quota of each
+    task named in ``OPTIONS["concurrency"]``."""
+
+    queues: frozenset[str]
+    quotas: dict[str, TaskQuota]
+
+
+def backend_settings(alias: str, params: Any) -> BackendSettings:
+    """Check ``TASKS[alias]`` for the backend; raise ``ImproperlyConfigured`` naming the
+    option that is wrong. The backend and the system check both ask it."""
+    where = f"TASKS[{alias!r}]"
+    if not isinstance(params, Mapping):
+        raise ImproperlyConfigured(f"{where} must be a dict, not {type(params).__name__}")
+    queues = params.get("QUEUES", [DEFAULT_QUEUE_NAME])
+    if isinstance(queues, str | bytes) or not isinstance(queues, list | tuple | set | frozenset):
+        raise ImproperlyConfigured(
+            f"{where}['QUEUES'] must be a list of queue names, not {type(queues).__name__} "
+            f"{queues!r}"
+        )
+    for name in queues:
+        if not isinstance(name, str) or not name.strip():
+            raise ImproperlyConfigured(
+                f"{where}['QUEUES']: each queue name must be a non-empty str, not {name!r}"
+            )
+    options = params.get("OPTIONS", {})
+    if not isinstance(options, Mapping):
+        raise ImproperlyConfigured(
+            f"{where}['OPTIONS'] must be a dict, not {type(options).__name__}"
+        )
+    unknown = set(options) - BACKEND_OPTION_NAMES
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{where}['OPTIONS']: unknown option(s) {sorted(unknown)}; "
+            f"expected {sorted(BACKEND_OPTION_NAMES)}"
+        )
+    try:
+        quotas = task_quotas(options.get("concurrency", {}), f"{where}['OPTIONS']['concurrency']")
+    except (TypeError, ValueError) as error:
+        raise ImproperlyConfigured(str(error)) from None
+    return BackendSettings(queues=frozenset(queues), quotas=quotas)
+
+
+def celery_queue(queue_name: str) -> str:
+    """The Celery queue of a task enqueued on Django queue ``queue_name``: the same name,
+    except Django's ``"default"``, which is the workers' queue (``""``: the engine's,
+    ``DURABLE["QUEUE"]``)."""
+    return "" if queue_name == DEFAULT_QUEUE_NAME else queue_name
+
+
+__all__ = [
+    "BACKEND_OPTION_NAMES",
+    "DEFAULT_QUEUE_NAME",
+    "OPTION_NAMES",
+    "BackendSettings",
+    "TaskQuota",
+    "backend_settings",
+    "celery_queue",
+    "task_quota",
+    "task_quotas",
+]

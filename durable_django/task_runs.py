@@ -3,9 +3,12 @@ executes them, and a run read back as a ``TaskResult``.
 
 Every task is enqueued as a run of one workflow, :data:`WORKFLOW`, whose input names the
 task by its dotted path, with its arguments. The body waits for ``run_after`` on a
-durable timer, records when and where the task starts, then calls the task function as
-one step. ``task_started`` is sent by the worker as the function is called,
-``task_finished`` once the run has ended (in the process that ended it).
+durable timer, records when and where the task starts (once per worker that processes
+it: a worker that died calling it hands it on to another, which records itself too),
+then calls the task function as one step. ``task_started`` is sent by the worker as the
+function is called; ``task_finished`` as its failure is handled, in the worker, as
+Django's backends send it (its ``django.tasks`` log line carries the exception), or
+else once the run has ended (in the process that ended it).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import datetime
 import logging
 import os
 import socket
+import threading
 from typing import Any
 
 from django.dispatch import Signal
@@ -26,17 +30,19 @@ from django.utils.module_loading import import_string
 
 from .engines import Engine, default_engine
 from .errors import RunNotFound
-from .execution import Context
+from .execution import Context, error_payload
 from .records import RunRecord, StepRecord
 from .registry import WorkflowDefinition
+from .serialization import json_copy
 from .signals import run_finished
 from .signals import send as send_robustly
 from .status import RunStatus
+from .task_meta import TASK_WORKFLOW
 
 logger = logging.getLogger("durable_django.tasks_backend")
 
 #: The workflow every task runs as.
-WORKFLOW = "django.task"
+WORKFLOW = TASK_WORKFLOW
 VERSION = "1"
 #: The steps of a task's run: when and where the task function was called, and its call.
 STARTED_STEP = "django.task.started"
@@ -59,19 +65,41 @@ def run_task(ctx: Context, input: dict[str, Any]) -> Any:
     run_after = input.get("run_after")
     if run_after is not None:
         ctx.sleep(datetime.datetime.fromisoformat(run_after) - ctx.now())
-    started = ctx.step(STARTED_STEP, _started)
-    return ctx.step(CALL_STEP, call_task, ctx.engine, ctx.run_id, input, started)
+    attempts = _attempts(ctx)
+    return ctx.step(CALL_STEP, call_task, ctx.engine, ctx.run_id, input, attempts)
 
 
-def _started() -> dict[str, str]:
+def _attempts(ctx: Context) -> list[dict[str, str]]:
+    """The record of each worker that processed the task, this turn's last: the turns
+    before it that reached the call were handed on (their worker died calling it), and
+    each recorded itself, under :data:`STARTED_STEP`, as this one does."""
+    attempts = []
+    while True:
+        attempt = ctx.step(STARTED_STEP, _started, ctx.owner)
+        attempts.append(attempt)
+        if attempt.get("turn") == ctx.owner:
+            return attempts
+
+
+def _started(turn: str) -> dict[str, str]:
     return {
         "at": timezone.now().isoformat(),
         "worker": f"{socket.gethostname()}:{os.getpid()}",
+        "turn": turn,
     }
 
 
-def call_task(engine: Engine, run_id: str, input: dict[str, Any], started: dict[str, str]) -> Any:
-    """Call the task function with the run's arguments, after ``task_started``."""
+#: The run whose ``task_finished`` this thread sent as its failure was handled.
+_announced = threading.local()
+
+
+def call_task(
+    engine: Engine, run_id: str, input: dict[str, Any], attempts: list[dict[str, str]]
+) -> Any:
+    """Call the task function with the run's arguments, after ``task_started``
+    (``attempts``: the record of each worker that processed it, this one's last); a
+    failure (the function's, or a return value that is not JSON) sends ``task_finished``
+    while it is handled, as Django's backends do, and fails the step."""
     task = load_task(run_id, input)
     result = task_result(
         task,
@@ -79,13 +107,29 @@ def call_task(engine: Engine, run_id: str, input: dict[str, Any], started: dict[
         TaskResultStatus.RUNNING,
         input,
         enqueued_at=engine.get_run(run_id).created_at,
-        started=started,
+        started=attempts,
     )
     send(task_started, input, task_result=result)
     args, kwargs = input["args"], input["kwargs"]
-    if task.takes_context:
-        return task.call(TaskContext(task_result=result), *args, **kwargs)
-    return task.call(*args, **kwargs)
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+        return json_copy(value, f"the return value of task {input['task']!r}")
+    except KeyboardInterrupt:
+        raise  # as Django's backends do: not the task's failure
+    except BaseException as error:
+        object.__setattr__(result, "status", TaskResultStatus.FAILED)
+        object.__setattr__(result, "finished_at", timezone.now())
+        result.errors.extend(task_errors(error_payload(error)))
+        _announced.run_id = run_id
+        send(task_finished, input, task_result=result)
+        raise
+
+
+def _is_attempt(step: StepRecord) -> bool:
+    return step.name == STARTED_STEP and step.error is None and isinstance(step.result, dict)
 
 
 # a run as a TaskResult ----------------------------------------------------------------
@@ -105,6 +149,7 @@ def load_task(run_id: str, input: dict[str, Any]) -> Task[..., Any]:
     run_after = input.get("run_after")
     return found.using(
         queue_name=input.get("queue_name"),
+        priority=input.get("priority"),
         run_after=datetime.datetime.fromisoformat(run_after) if run_after else None,
     )
 
@@ -124,15 +169,15 @@ def read_result(engine: Engine, result_id: str) -> TaskResult[..., Any]:
 def result_of_run(engine: Engine, run: RunRecord) -> TaskResult[..., Any]:
     """``run`` as a ``TaskResult``, with what its recorded steps say of the task's start."""
     steps = engine.store.get_steps(run.run_id) if run.status != RunStatus.PENDING else []
-    started = _step_result(steps, STARTED_STEP)
-    status = _status(run, started is not None)
+    attempts = [step.result for step in steps if _is_attempt(step)]
+    status = _status(run, bool(attempts))
     result = task_result(
         load_task(run.run_id, run.input),
         run.run_id,
         status,
         run.input,
         enqueued_at=run.created_at,
-        started=started,
+        started=attempts,
         finished_at=run.finished_at if status in _FINISHED else None,
         errors=_errors(run) if status == TaskResultStatus.FAILED else [],
     )
@@ -155,21 +200,20 @@ def _status(run: RunRecord, started: bool) -> TaskResultStatus:
     return TaskResultStatus.READY
 
 
-def _step_result(steps: list[StepRecord], name: str) -> Any:
-    for step in steps:
-        if step.name == name and step.error is None:
-            return step.result
-    return None
-
-
 def _errors(run: RunRecord) -> list[TaskError]:
     error = run.error if isinstance(run.error, dict) else {}
+    if run.status == RunStatus.CANCELLED:
+        error = {**error, "type": CANCELLED_ERROR}
+    return task_errors(error)
+
+
+def task_errors(error: dict[str, Any]) -> list[TaskError]:
+    """A failure as recorded (``error_payload``: its class path, message, traceback) as
+    the ``TaskResult.errors`` of the task; one without a class path is a cancellation."""
     kind = str(error.get("type", ""))
-    if run.status == RunStatus.CANCELLED or "." not in kind:
-        kind = CANCELLED_ERROR
     return [
         TaskError(
-            exception_class_path=kind,
+            exception_class_path=kind if "." in kind else CANCELLED_ERROR,
             traceback=str(error.get("traceback") or error.get("message") or ""),
         )
     ]
@@ -182,12 +226,14 @@ def task_result(
     input: dict[str, Any],
     *,
     enqueued_at: datetime.datetime | None,
-    started: dict[str, str] | None,
+    started: list[dict[str, str]],
     finished_at: datetime.datetime | None = None,
     errors: list[TaskError] | None = None,
 ) -> TaskResult[..., Any]:
-    """A ``TaskResult`` from what a run holds."""
-    started_at = datetime.datetime.fromisoformat(started["at"]) if started else None
+    """A ``TaskResult`` from what a run holds; ``started`` has the record of each worker
+    that processed it, in order: ``worker_ids`` (so ``attempts``) lists them, and the
+    task was started (and last attempted) when the last one called it."""
+    started_at = datetime.datetime.fromisoformat(started[-1]["at"]) if started else None
     return TaskResult(
         task=task,
         id=run_id,
@@ -200,7 +246,7 @@ def task_result(
         kwargs=input["kwargs"],
         backend=input["backend"],
         errors=errors or [],
-        worker_ids=[started["worker"]] if started else [],
+        worker_ids=[attempt["worker"] for attempt in started],
     )
 
 
@@ -219,8 +265,12 @@ def send(signal: Signal, input: dict[str, Any], **arguments: Any) -> None:
 
 
 def _finished(sender: Any, engine: Engine, run_id: str, workflow: str, **kwargs: Any) -> None:
-    """``run_finished`` of a task's run sends ``task_finished`` with its result."""
+    """``run_finished`` of a task's run sends ``task_finished`` with its result, unless
+    this thread sent it as the task's failure was handled."""
     if workflow != WORKFLOW:
+        return
+    if getattr(_announced, "run_id", None) == run_id:
+        _announced.run_id = None
         return
     try:
         result = read_result(engine, run_id)
@@ -244,5 +294,6 @@ __all__ = [
     "register",
     "result_of_run",
     "run_task",
+    "task_errors",
     "task_result",
 ]

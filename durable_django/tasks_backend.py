@@ -46,9 +46,14 @@ def unavailable_message() -> str:
     )
 
 
+if TYPE_CHECKING:
+    from .engines import Engine
+    from .usage import QuotaUsage
+
 if TYPE_CHECKING or TASKS_AVAILABLE:
     from .django_tasks import DurableTask as DurableTask
     from .django_tasks import DurableTaskBackend as DurableTaskBackend
+    from .django_tasks import task_usage as _task_usage
     from .task_runs import register as _register
 else:
 
@@ -83,6 +88,12 @@ def configured_aliases() -> list[str]:
     return aliases
 
 
+def shown_usage(engine: Engine, usage: QuotaUsage) -> QuotaUsage:
+    """A key's quota usage as the admin's quota page and ``durable quota`` show it: a key
+    that task runs hold names their tasks, with their quota's limit (from Django 6.0)."""
+    return _task_usage(engine, usage) if TASKS_AVAILABLE else usage
+
+
 def register_configured() -> bool:
     """Register the workflow tasks run as, when ``TASKS`` uses the backend on a Django
     that has the tasks framework: at startup, so that a worker executes task runs before
@@ -101,5 +112,6 @@ __all__ = [
     "DurableTaskBackend",
     "configured_aliases",
     "register_configured",
+    "shown_usage",
     "unavailable_message",
 ]

@@ -52,6 +52,12 @@ def gated(gate: str, key: str, value: int = 0) -> int:
     return value
 
 
+@task
+def unstorable() -> set[int]:
+    """Returns what is not JSON: the task fails after its function returned."""
+    return {1, 2}
+
+
 def gate_key(gate: str, key: str, value: int = 0) -> str | None:
     """The quota key of ``gated``: one per ``key``; none for the key ``"free"``."""
     return None if key == "free" else f"gated:{key}"

@@ -123,6 +123,11 @@ if django.VERSION[:2] >= (6, 0):
             },
         }
     }
+    # Worker processes started by the tests may take Django queues of their own, as JSON.
+    if os.environ.get("DURABLE_TEST_TASK_QUEUES"):
+        import json
+
+        TASKS["default"]["QUEUES"] = json.loads(os.environ["DURABLE_TEST_TASK_QUEUES"])
 
 # Most tests drive runs in-process; the worker tests turn sending on.
 DURABLE = {"ENQUEUE": False}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ import pytest
 
 pytest.importorskip("django.tasks", reason="Django before 6.0 has no tasks framework")
 
+from django.conf import settings
 from django.db import connection
 from django.tasks import TaskResult, TaskResultStatus
 from django.test import override_settings
@@ -34,7 +36,7 @@ from durable_django import engine as default_engine
 
 from . import django_task_functions as tasks
 from .brokers import Broker
-from .worker import ROOT, WAIT, Worker, running_worker, unique_queue
+from .worker import ROOT, WAIT, Worker, running_worker, unique_queue, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -98,6 +100,12 @@ def signals_of(log: Path, result_id: str) -> list[tuple[str, str, str]]:
     return [(x["signal"], x["sender"], x["status"]) for x in lines if x["id"] == result_id]
 
 
+def handling_of(log: Path, result_id: str) -> list[str | None]:
+    """The exception each task signal of ``result_id`` was sent while handling, if any."""
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    return [x["handling"] for x in lines if x["id"] == result_id]
+
+
 BACKEND = "durable_django.django_tasks.DurableTaskBackend"
 
 
@@ -129,6 +137,10 @@ def test_tasks_run_on_the_worker_and_send_their_signals(sending: Worker, signal_
         ("started", BACKEND, "RUNNING"),
         ("finished", BACKEND, "FAILED"),
     ]
+    # task_finished of a failure is sent as it is handled, as Django's backends send it:
+    # Django's log line of it carries the exception.
+    assert handling_of(signal_log, failed.id) == [None, "tests.django_task_functions.ReportFailed"]
+    assert handling_of(signal_log, added.id) == [None, None]
 
 
 def test_a_task_goes_from_ready_to_running_to_successful(sending: Worker, tmp_path: Path) -> None:
@@ -231,3 +243,76 @@ def test_run_after_defers_the_task_on_a_durable_timer(sending: Worker) -> None:
     assert result.return_value == 10
     assert result.started_at >= run_after
     assert result.task.run_after == run_after
+
+
+# a worker that dies, a queue of its own ---------------------------------------------------
+
+#: The lease of the workers below, and of this process's engine: a dead worker's task is
+#: handed on a couple of seconds later.
+LEASE_SECONDS = 2
+
+
+def lease_lapsed(run_id: str) -> bool:
+    run = default_engine.get_run(run_id)
+    return run.lease_expires_at is not None and run.lease_expires_at < timezone.now()
+
+
+def test_a_task_whose_worker_died_is_handed_on_and_counts_both_workers(
+    django_db_setup: None, broker: Broker, tmp_path: Path
+) -> None:
+    queue = unique_queue("durable-test-djtasks-dead")
+    options = {"ENQUEUE": True, "QUEUE": queue, "LEASE_SECONDS": LEASE_SECONDS}
+    env = {"DURABLE_TEST_DURABLE": json.dumps(options)}
+    gate = tmp_path / "gate"
+    try:
+        with override_settings(DURABLE=options):
+            first = Worker(queue, env=env)
+            try:
+                first.start()
+                result = tasks.gated.enqueue(str(gate), uuid.uuid4().hex, 7)
+                settled(result, first, ("RUNNING",))
+                [dead] = result.worker_ids
+                assert first.process is not None
+                os.killpg(first.process.pid, signal.SIGKILL)  # the worker dies calling it
+                first.process.wait()
+            finally:
+                first.stop()
+                first.discard_log()
+            gate.touch()
+            with running_worker(queue, env=env) as second:
+                wait_until(lambda: lease_lapsed(result.id), "the dead worker's lease to lapse")
+                assert default_engine.tick().recovered == 1
+                settled(result, second)
+    finally:
+        broker.delete_queue(queue)
+
+    assert (result.status, result.return_value) == ("SUCCESSFUL", 7)
+    # Django's attempts: the workers that processed the task; the start is the new one's.
+    assert result.attempts == 2
+    assert result.worker_ids[0] == dead and result.worker_ids[1] != dead
+    assert result.started_at is not None and result.last_attempted_at == result.started_at
+    assert result.started_at < result.finished_at
+
+
+def test_a_task_on_a_queue_of_its_own_runs_on_that_queues_workers(
+    django_db_setup: None, broker: Broker
+) -> None:
+    queue, elsewhere = unique_queue("durable-test-djtasks-q"), unique_queue("durable-test-none")
+    queues = ["default", queue]
+    env = {
+        "DURABLE_TEST_DURABLE": json.dumps({"ENQUEUE": True, "QUEUE": elsewhere}),
+        "DURABLE_TEST_TASK_QUEUES": json.dumps(queues),
+    }
+    tasks_setting = {"default": {**settings.TASKS["default"], "QUEUES": queues}}
+    try:
+        with (
+            override_settings(DURABLE={"ENQUEUE": True, "QUEUE": elsewhere}, TASKS=tasks_setting),
+            running_worker(queue, env=env) as worker,
+        ):
+            result = tasks.add.using(queue_name=queue).enqueue(2, 2)
+            assert default_engine.get_run(result.id).queue == queue
+            assert settled(result, worker).return_value == 4
+            assert result.task.queue_name == queue
+    finally:
+        broker.delete_queue(queue)
+        broker.delete_queue(elsewhere)

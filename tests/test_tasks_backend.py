@@ -8,10 +8,13 @@ import importlib.util
 import django
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from durable_django import tasks_backend
 from durable_django.checks import check_tasks_backend
+from durable_django.task_meta import TASK_WORKFLOW, message_priority, shown_name
 from durable_django.tasks_backend import BACKEND_PATH, DurableTaskBackend
 
 HAS_TASKS = importlib.util.find_spec("django.tasks") is not None
@@ -50,3 +53,61 @@ def test_with_django_tasks_there_is_no_warning() -> None:
     with override_settings(TASKS=CONFIGURED):
         assert tasks_backend.configured_aliases() == ["default"]
         assert check_tasks_backend() == []
+
+
+def test_settings_that_would_refuse_every_task_are_a_check_error() -> None:
+    bad = {
+        "BACKEND": BACKEND_PATH,
+        "OPTIONS": {"concurrency": {"app.tasks.send": {"key": None, "limit": 2}}},
+    }
+    with override_settings(TASKS={"default": bad}):
+        errors = [m for m in check_tasks_backend() if m.id == "durable_django.E006"]
+    [error] = errors
+    assert error.msg == (
+        "TASKS['default']['OPTIONS']['concurrency']['app.tasks.send']: "
+        "'key' must be a str or a callable, not NoneType"
+    )
+    with override_settings(TASKS={"default": {**bad, "QUEUES": "emails"}}):
+        [error] = [m for m in check_tasks_backend() if m.id == "durable_django.E006"]
+    assert error.msg.startswith("TASKS['default']['QUEUES'] must be a list of queue names")
+    quota = {"key": "k", "limit": 0}
+    refusing = {"BACKEND": BACKEND_PATH, "OPTIONS": {"concurrency": {"app.tasks.send": quota}}}
+    with override_settings(TASKS={"default": refusing}):
+        [warning] = [m for m in check_tasks_backend() if m.id == "durable_django.W004"]
+    assert warning.msg == (
+        "TASKS['default']['OPTIONS']['concurrency']['app.tasks.send'] has limit 0: every "
+        "enqueue of the task is refused"
+    )
+    good = {"BACKEND": BACKEND_PATH, "QUEUES": ["default", "emails"]}
+    with override_settings(TASKS={"default": good}):
+        assert [m for m in check_tasks_backend() if m.id == "durable_django.E006"] == []
+
+
+@pytest.mark.parametrize(
+    ("priority", "first_largest", "first_smallest"),
+    [(-100, 0, 9), (-80, 0, 9), (-79, 1, 8), (0, 4, 5), (1, 5, 4), (80, 8, 1), (100, 9, 0)],
+)
+def test_a_tasks_priority_as_a_messages(
+    priority: int, first_largest: int, first_smallest: int
+) -> None:
+    assert message_priority(priority) == first_largest
+    assert message_priority(priority, lowest_first=True) == first_smallest
+
+
+def test_a_task_run_is_shown_by_its_tasks_path() -> None:
+    assert shown_name(TASK_WORKFLOW, {"task": "app.tasks.send", "args": []}) == "app.tasks.send"
+    assert shown_name("orders.ship", {"task": "app.tasks.send"}) == "orders.ship"
+    assert shown_name(TASK_WORKFLOW, None) == TASK_WORKFLOW  # an input that names no task
+
+
+@pytest.mark.django_db
+def test_manage_py_check_reports_bad_settings_rather_than_crashing() -> None:
+    quota = {"key": None, "limit": 2}
+    bad = {"BACKEND": BACKEND_PATH, "OPTIONS": {"concurrency": {"app.tasks.send": quota}}}
+    with override_settings(TASKS={"default": bad}), pytest.raises(SystemCheckError) as failed:
+        call_command("check")
+    assert "durable_django.E006" in str(failed.value)
+    assert (
+        "TASKS['default']['OPTIONS']['concurrency']['app.tasks.send']: 'key' must be a str or "
+        "a callable, not NoneType" in str(failed.value)
+    )

@@ -32,6 +32,8 @@ from ..limits import CHILD_STEP_PREFIX, TAG_PREFIX
 from ..models import Run, RunTag, Step
 from ..status import ACTIVE_STATUSES, RunStatus
 from ..stores.orm import OrmStore
+from ..task_meta import TASK_WORKFLOW, shown_name
+from ..tasks_backend import shown_usage
 from .deletion import below_active_messages, runs_below_active
 from .display import (
     ReadOnlyInline,
@@ -105,7 +107,9 @@ class StepInline(ReadOnlyInline):
 
 
 class WorkflowFilter(admin.SimpleListFilter):
-    """Runs of one workflow; the choices are the registered workflows (no query)."""
+    """Runs of one workflow, or of one task of Django's tasks framework (by its dotted
+    path, which a task's run shows in place of its workflow); the choices are the
+    registered workflows and the value selected (no query)."""
 
     title = _("workflow")
     parameter_name = "workflow"
@@ -117,7 +121,10 @@ class WorkflowFilter(admin.SimpleListFilter):
         return [(name, name) for name in sorted(names)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> QuerySet[Run]:
-        return queryset.filter(workflow=self.value()) if self.value() else queryset
+        name = self.value()
+        if not name:
+            return queryset
+        return queryset.filter(Q(workflow=name) | Q(workflow=TASK_WORKFLOW, input__task=name))
 
 
 class TagFilter(admin.SimpleListFilter):
@@ -184,7 +191,7 @@ class RunAdmin(_ModelAdmin):
                     "status_display",
                     "error_display",
                     "id",
-                    "workflow",
+                    "workflow_display",
                     "version",
                     "namespace",
                     "attempt",
@@ -278,14 +285,23 @@ class RunAdmin(_ModelAdmin):
 
     @admin.display(description=_("workflow"), ordering="workflow")
     def workflow_column(self, run: Run) -> str:
+        name = shown_name(run.workflow, run.input)
         return format_html(
-            '{}<div class="durable-meta" title="{}"><span>v{}</span> · <span>{}</span></div>',
-            run.workflow,
+            '<a href="?{}">{}</a><div class="durable-meta" title="{}"><span>v{}</span> · '
+            "<span>{}</span></div>",
+            urlencode({WorkflowFilter.parameter_name: name}),
+            name,
             _("version %(version)s, namespace %(namespace)s")
             % {"version": run.version, "namespace": run.namespace},
             run.version,
             run.namespace,
         )
+
+    @admin.display(description=_("workflow"))
+    def workflow_display(self, run: Run) -> str:
+        """The workflow; for a task's run, its task's dotted path, then the workflow."""
+        name = shown_name(run.workflow, run.input)
+        return name if name == run.workflow else f"{name} ({run.workflow})"
 
     @admin.display(description=_("status"), ordering="status")
     def status_column(self, run: Run) -> str:
@@ -609,9 +625,10 @@ class RunAdmin(_ModelAdmin):
             raise PermissionDenied
         key = request.GET.get("key", "").strip() or None
         changelist = reverse(self._urlname("changelist"), current_app=self.admin_site.name)
+        shown = [shown_usage(default_engine, usage) for usage in default_engine.quota_usage(key)]
         rows = [
             quota_row(usage, changelist, estimates.for_usage(default_engine, usage))
-            for usage in default_engine.quota_usage(key)
+            for usage in shown
         ]
         context = {
             **self.admin_site.each_context(request),

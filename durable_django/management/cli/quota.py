@@ -8,6 +8,7 @@ from django.core.management.base import CommandParser
 
 from ... import estimates
 from ...estimates import Estimate
+from ...tasks_backend import shown_usage
 from ...usage import QuotaUsage
 from .base import Subcommand
 
@@ -32,7 +33,7 @@ class QuotaSubcommand(Subcommand):
         )
 
     def handle(self, **options: Any) -> None:
-        usage = self.engine.quota_usage(options["key"])
+        usage = [shown_usage(self.engine, u) for u in self.engine.quota_usage(options["key"])]
         found = (
             {u.key: estimates.for_usage(self.engine, u) for u in usage}
             if options["estimate"]

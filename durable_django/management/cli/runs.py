@@ -8,6 +8,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from ...concurrency import quota_tag
 from ...status import RunStatus
+from ...task_meta import shown_name
 from .base import Subcommand, run_data
 
 DEFAULT_LIMIT = 50
@@ -80,7 +81,7 @@ class RunsSubcommand(Subcommand):
             (
                 [
                     run.run_id,
-                    run.workflow,
+                    shown_name(run.workflow, run.input),
                     run.version,
                     run.status,
                     run.namespace,
