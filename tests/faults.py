@@ -364,7 +364,7 @@ def database_alias(alias: str, settings: dict[str, object]) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def django_database(alias: str, server: PostgresServer, name: str) -> Iterator[str]:
+def django_database(alias: str, server: PostgresServer | MariaDbServer, name: str) -> Iterator[str]:
     """The database ``name`` on ``server``, created and migrated, as the Django database
     ``alias`` of the test process for the block (see :func:`database_alias`).
 
@@ -374,3 +374,127 @@ def django_database(alias: str, server: PostgresServer, name: str) -> Iterator[s
     with database_alias(alias, server.settings(name)):
         call_command("migrate", database=alias, verbosity=0)
         yield alias
+
+
+# a MariaDB server of our own ------------------------------------------------------------
+
+MARIADB_BIN = Path(os.environ.get("DURABLE_MARIADB_BIN", "/usr/sbin/mariadbd"))
+MARIADB_INSTALL = Path(os.environ.get("DURABLE_MARIADB_INSTALL", "/usr/bin/mariadb-install-db"))
+
+
+class MariaDbServer:
+    """A MariaDB server of the test's own, in a temporary directory, on a free port, as
+    :class:`PostgresServer` is one of PostgreSQL (the same methods): ``root`` without a
+    password (``--skip-grant-tables``), durability off, and :meth:`stop` a ``SIGKILL``,
+    as a crash (the next start recovers from InnoDB's log)."""
+
+    def __init__(self) -> None:
+        if not (MARIADB_BIN.exists() and MARIADB_INSTALL.exists()):
+            message = f"no MariaDB server in {MARIADB_BIN} (set DURABLE_MARIADB_BIN)"
+            if os.environ.get("CI"):
+                raise RuntimeError(message)
+            pytest.skip(message)
+        self.directory = Path(tempfile.mkdtemp(prefix="durable-mariadb-"))
+        self.data = self.directory / "data"
+        self.log = self.directory / "server.log"
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        subprocess.run(
+            [
+                MARIADB_INSTALL,
+                "--no-defaults",
+                f"--datadir={self.data}",
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ],
+            check=True,
+            capture_output=True,
+        )
+
+    def __enter__(self) -> MariaDbServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def start(self) -> None:
+        """Start the server, if it is not running, and return once it accepts connections."""
+        if self.process is not None:
+            return
+        command = [
+            MARIADB_BIN,
+            "--no-defaults",
+            f"--datadir={self.data}",
+            f"--socket={self.directory / 'server.sock'}",
+            f"--pid-file={self.directory / 'server.pid'}",
+            f"--port={self.port}",
+            f"--bind-address={self.host}",
+            "--user=root",
+            "--skip-grant-tables",
+            "--skip-name-resolve",
+            "--innodb-flush-log-at-trx-commit=0",
+            "--innodb-buffer-pool-size=32M",
+            "--character-set-server=utf8mb4",
+        ]
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
+        deadline = time.monotonic() + SERVER_WAIT
+        while not self.ready():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"MariaDB did not start:\n{self.log.read_text()}")
+            time.sleep(0.05)
+
+    def _connect(self, **options: object) -> object:
+        import pymysql
+
+        return pymysql.connect(host=self.host, port=self.port, user="root", **options)
+
+    def ready(self) -> bool:
+        """Whether the server accepts connections."""
+        try:
+            self._connect(connect_timeout=1).close()  # type: ignore[attr-defined]
+        except Exception:
+            return False
+        return True
+
+    def stop(self) -> None:
+        """Kill the server and return once it is gone."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        process.kill()
+        process.wait(timeout=SERVER_WAIT)
+
+    def restart(self) -> None:
+        """Kill the server and start it again."""
+        self.stop()
+        self.start()
+
+    def create_database(self, name: str) -> None:
+        connection = self._connect(autocommit=True)
+        try:
+            with connection.cursor() as cursor:  # type: ignore[attr-defined]
+                cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        finally:
+            connection.close()  # type: ignore[attr-defined]
+
+    def settings(self, name: str) -> dict[str, object]:
+        """A Django ``DATABASES`` entry for the database ``name`` on this server."""
+        return {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": name,
+            "USER": "root",
+            "HOST": self.host,
+            "PORT": str(self.port),
+            "OPTIONS": {"charset": "utf8mb4"},
+        }
