@@ -266,6 +266,7 @@ def freed_when_waiting(key: str, run_id: str, refused: list[int]) -> threading.T
     a quota lock held by the waiting start would block until its transaction ends, and
     is otherwise refused at once, while the other still waits: ``refused`` gets how many
     wait then), and then completes ``run_id``."""
+
     def target() -> None:
         try:
             wait_until(lambda: waiting_count() == 1)
