@@ -9,6 +9,8 @@
   from ``DURABLE_PG_BIN``, by default ``/usr/lib/postgresql/15/bin``).
   :func:`django_database` makes a database on it a Django database alias of the test
   process, migrated; :meth:`PostgresServer.environment` points a subprocess at it.
+- :class:`MariaDbServer`: the same of MariaDB (``mariadbd`` from ``DURABLE_MARIADB_BIN``,
+  by default ``/usr/sbin/mariadbd``), killed and started again.
 
 Nothing here touches the shared servers.
 """
@@ -385,8 +387,9 @@ MARIADB_INSTALL = Path(os.environ.get("DURABLE_MARIADB_INSTALL", "/usr/bin/maria
 class MariaDbServer:
     """A MariaDB server of the test's own, in a temporary directory, on a free port, as
     :class:`PostgresServer` is one of PostgreSQL (the same methods): ``root`` without a
-    password (``--skip-grant-tables``), durability off, and :meth:`stop` a ``SIGKILL``,
-    as a crash (the next start recovers from InnoDB's log)."""
+    password (``--skip-grant-tables``), its commits kept through a kill of the server
+    (not of the host), and :meth:`stop` a ``SIGKILL``, as a crash (the next start
+    recovers from InnoDB's log)."""
 
     def __init__(self) -> None:
         if not (MARIADB_BIN.exists() and MARIADB_INSTALL.exists()):
@@ -436,7 +439,7 @@ class MariaDbServer:
             "--user=root",
             "--skip-grant-tables",
             "--skip-name-resolve",
-            "--innodb-flush-log-at-trx-commit=0",
+            "--innodb-flush-log-at-trx-commit=2",  # a commit survives a kill
             "--innodb-buffer-pool-size=32M",
             "--character-set-server=utf8mb4",
         ]
