@@ -107,10 +107,9 @@ def refuse_in_body() -> None:
 
 
 def check_may_wait(store: BaseStore, keys: Collection[str]) -> None:
-    """Raise :class:`DurableError` where a start of quota ``keys`` may not wait: inside a
-    workflow body, or inside a transaction on the store's database that the store does
-    not let it wait in (:meth:`BaseStore.waiting_in_transaction`)."""
-    refuse_in_body()
+    """Raise :class:`DurableError` where a start of quota ``keys`` may not wait (besides a
+    workflow body, :func:`refuse_in_body`): inside a transaction on the store's database
+    that the store does not let it wait in (:meth:`BaseStore.waiting_in_transaction`)."""
     if not keys or not store.in_transaction():
         return
     reason = store.waiting_in_transaction(keys)
