@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections, transaction
 from django.test import Client
 
 from durable_django import ConcurrencyLimitError, DurableError, Engine, RunStatus, workflow
@@ -174,6 +174,31 @@ def test_a_waiter_whose_time_passes_is_refused_and_leaves_nothing(thread_engine:
     assert tagged(engine, key) == [holder.run_id]
     assert not Run.objects.filter(id="wait:late").exists()
     assert waiting_count() == 0
+
+
+class AnswerLostStore(OrmStore):
+    """The ORM store whose first start commits, and then loses its connection before the
+    answer comes back (as when the database restarts at that moment)."""
+
+    lost = 0
+
+    def start_run(self, *args: Any, **kwargs: Any) -> Any:
+        outcome = super().start_run(*args, **kwargs)
+        if not self.lost:
+            self.lost += 1
+            connections[self.using].connection.close()  # the server went away
+            raise OperationalError("server closed the connection unexpectedly")
+        return outcome
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no connection to lose")
+def test_a_waiting_start_whose_answer_was_lost_finds_its_run(thread_engine: Engine) -> None:
+    engine = Engine(registry=thread_engine.registry, store=AnswerLostStore(), enqueue=False)
+    key = fresh_key()
+    handle = engine.start("wait.echo", {}, concurrency=quota(key, 2), wait=PATIENCE)
+    assert engine.store.lost == 1  # type: ignore[attr-defined]
+    assert handle.created
+    assert tagged(engine, key) == [handle.run_id]  # one run, not two
 
 
 class UnreachableListenerStore(OrmStore):
