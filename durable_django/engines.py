@@ -241,8 +241,9 @@ class Engine:
         :class:`ConcurrencyLimitError` for the first quota, in the list's order, that is
         full; then nothing is created and nothing is sent. ``wait`` (seconds or a
         ``timedelta``, at most an hour) waits that long for a slot before refusing, woken
-        when one frees (:mod:`durable_django.waiting`); not inside a workflow body nor a
-        transaction on the store's database. ``ticket``: the ``error.ticket`` a fair
+        when one frees, and through a restart of the database (:mod:`durable_django.waiting`);
+        not inside a workflow body, nor a transaction on the store's database but on
+        PostgreSQL. ``ticket``: the ``error.ticket`` a fair
         quota gave an earlier refusal of this start, to keep its place in the key's line
         (:mod:`durable_django.tickets`); without it, the ticket presented by the request
         being served, if any. The steps are :mod:`durable_django.starting`'s.

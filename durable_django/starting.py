@@ -126,21 +126,19 @@ def start(
     presenting the ticket a fair quota gave its previous attempt."""
     seconds = waiting.seconds(wait)
     if seconds:
-        waiting.check_may_wait(engine.store)
+        waiting.refuse_in_body()
     presented = Presented(ticket)
     definition, input, option = prepare(engine, workflow, input, concurrency)
     resolved = quotas.resolve(option, input, definition.name)
-
-    def attempt() -> RunHandle:
-        return presented.attempt(
-            lambda held: admit(
-                engine, definition, input, resolved, run_id, tags, namespace, ticket=held
-            )
-        )
+    attempt = _attempt(
+        engine, definition, input, resolved, run_id, tags, namespace, presented, bool(seconds)
+    )
 
     if not seconds:
         return attempt()
-    return waiting.start_waiting(engine.store, [quota.key for quota in resolved], seconds, attempt)
+    keys = [quota.key for quota in resolved]
+    waiting.check_may_wait(engine.store, keys)
+    return waiting.start_waiting(engine.store, keys, seconds, attempt)
 
 
 async def astart(
@@ -160,24 +158,50 @@ async def astart(
     seconds = waiting.seconds(wait)
     if seconds:
         waiting.refuse_in_body()
-        await sync_to_async(waiting.check_may_wait)(engine.store)
     presented = Presented(ticket)
     definition, input, option = prepare(engine, workflow, input, concurrency)
     resolved = await quotas.aresolve(option, input, definition.name)
+    attempt = _attempt(
+        engine, definition, input, resolved, run_id, tags, namespace, presented, bool(seconds)
+    )
 
-    def admit_presenting() -> RunHandle:
-        return presented.attempt(
+    if not seconds:
+        return await sync_to_async(attempt)()
+    keys = [quota.key for quota in resolved]
+    await sync_to_async(waiting.check_may_wait)(engine.store, keys)
+    return await waiting.astart_waiting(engine.store, keys, seconds, attempt)
+
+
+def _attempt(
+    engine: Engine,
+    definition: WorkflowDefinition,
+    input: Any,
+    resolved: Sequence[quotas.Quota],
+    run_id: str | None,
+    tags: Iterable[str],
+    namespace: str | None,
+    presented: Presented,
+    waits: bool,
+) -> Callable[[], RunHandle]:
+    """One attempt of :func:`start`, presenting its ticket, made as often as it
+    ``waits``. A waiting start without a ``run_id`` starts the same new one in every
+    attempt: one whose answer was lost with its connection after it created the run is
+    found by the next (whose handle says ``created``: this start created it)."""
+    own = waits and run_id is None
+    if own:
+        run_id = _run_id(None)
+
+    def attempt() -> RunHandle:
+        handle = presented.attempt(
             lambda held: admit(
                 engine, definition, input, resolved, run_id, tags, namespace, ticket=held
             )
         )
+        if own and not handle.created:
+            return RunHandle(engine, handle.run_id, handle.workflow, True)
+        return handle
 
-    attempt = sync_to_async(admit_presenting)
-    if not seconds:
-        return await attempt()
-    return await waiting.astart_waiting(
-        engine.store, [quota.key for quota in resolved], seconds, attempt
-    )
+    return attempt
 
 
 class Presented:

@@ -20,10 +20,20 @@ start. ``wait=None`` or ``0`` is the start of today, at its cost.
   while others wait on one of its keys joins the queue without trying first. Across
   processes there is no order, and no start is guaranteed a slot before its deadline
   (starts without ``wait`` and other processes may take a freed slot first).
+- **Through a database restart**: outside a transaction, an attempt that finds the
+  store's database gone (:meth:`BaseStore.connection_lost`) drops its connection
+  (:meth:`BaseStore.reconnect`) and the start waits on, polling, listening afresh, until
+  it is admitted or its deadline passes; then it raises the last refusal, or the database
+  error when the last attempt could not reach the database either.
+- **Inside a transaction** on the store's database (a view under ``ATOMIC_REQUESTS``),
+  each attempt runs in a savepoint, whose rollback releases what a refused attempt
+  locked, where the store allows it (:meth:`BaseStore.waiting_in_transaction`: on
+  PostgreSQL, in a ``READ COMMITTED`` transaction that holds no lock of the start's
+  keys yet). A lost connection then fails the start: the transaction went with it.
 - **Refused where waiting cannot work**: inside a workflow body (a child start does not
-  wait) and inside a transaction on the store's database (its locks would be held while
-  waiting, and the releases it waits for may stay unseen), a start with ``wait`` raises
-  :class:`DurableError` before anything is written.
+  wait), and inside a transaction where the store does not allow it (on SQLite and
+  MySQL/MariaDB a refused attempt's locks stay until the transaction ends), a start with
+  ``wait`` raises :class:`DurableError` before anything is written.
 """
 
 from __future__ import annotations
@@ -35,9 +45,11 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
+
+from asgiref.sync import sync_to_async
 
 from .errors import ConcurrencyLimitError, DurableError
 
@@ -94,15 +106,18 @@ def refuse_in_body() -> None:
         )
 
 
-def check_may_wait(store: BaseStore) -> None:
-    """Raise :class:`DurableError` where a start may not wait: inside a workflow body, or
-    inside a transaction on the store's database."""
-    refuse_in_body()
-    if store.in_transaction():
+def check_may_wait(store: BaseStore, keys: Collection[str]) -> None:
+    """Raise :class:`DurableError` where a start of quota ``keys`` may not wait (besides a
+    workflow body, :func:`refuse_in_body`): inside a transaction on the store's database
+    that the store does not let it wait in (:meth:`BaseStore.waiting_in_transaction`)."""
+    if not keys or not store.in_transaction():
+        return
+    reason = store.waiting_in_transaction(keys)
+    if reason is not None:
         raise DurableError(
-            "wait= is not available inside a transaction on the store's database "
-            f"({store.using!r}): waiting would hold its locks and might never see a slot "
-            "free; start outside atomic() (or without wait=)"
+            f"wait= is not available inside this transaction on the store's database "
+            f"({store.using!r}): {reason}. Start outside atomic(), or without wait=; a view "
+            "under ATOMIC_REQUESTS can be decorated with transaction.non_atomic_requests"
         )
 
 
@@ -186,12 +201,107 @@ class _Pauses:
     def __init__(self) -> None:
         self.poll = FIRST_POLL_SECONDS
 
-    def next(self, remaining: float, refusal: ConcurrencyLimitError, listening: bool) -> float:
+    def next(self, remaining: float, retry_after: float, listening: bool) -> float:
         if listening:
-            return max(min(remaining, refusal.retry_after, SAFETY_SECONDS), 0.0)
-        pause = min(remaining, refusal.retry_after, self.poll)
+            return max(min(remaining, retry_after, SAFETY_SECONDS), 0.0)
+        pause = min(remaining, retry_after, self.poll)
         self.poll = min(self.poll * 2, MAX_POLL_SECONDS)
         return max(pause, 0.0)
+
+
+class _Lost(Exception):
+    """An attempt that failed because the store's database went away (``error``); the
+    connection was dropped, and the next attempt opens a new one."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _attempting(store: BaseStore, attempt: Callable[[], _T]) -> Callable[[], _T]:
+    """``attempt`` as a waiting start tries it, in the thread it runs in: inside a
+    transaction, in a savepoint, whose rollback releases a refused attempt's locks (a
+    lost connection then fails the start: the transaction is gone with it); outside one,
+    a lost connection is dropped and the attempt made again at once on a new one (the
+    old one may have died long ago); when that fails too, it is reported as
+    :class:`_Lost`, to wait on. Every attempt starts the same run id
+    (:func:`durable_django.starting.start`): one whose answer was lost with its
+    connection after its run was created finds that run."""
+
+    def trying() -> _T:
+        if store.in_transaction():
+            with store.atomic():
+                return attempt()
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return attempt()
+            except ConcurrencyLimitError:
+                raise
+            except Exception as error:
+                if not store.connection_lost(error):
+                    raise
+                store.reconnect()
+                if tries > 1:  # a new connection failed too: the database is away
+                    raise _Lost(error) from error
+
+    return trying
+
+
+class _Waiting:
+    """The state of one waiting start, which the sync and async loops share: its place in
+    the queues, its deadline, its last failure, and what comes before the next attempt."""
+
+    def __init__(self, store: BaseStore, keys: Collection[str], wait: float) -> None:
+        self.deadline = time.monotonic() + wait
+        self.ticket = _ticket(store, keys)
+        #: The last attempt's refusal, or its lost connection; ``None`` before any.
+        self.failure: ConcurrencyLimitError | _Lost | None = None
+        #: Whether to pause before the next attempt.
+        self.pause_first = False
+        #: Whether a listener was asked for since the last lost connection.
+        self.listened = False
+        self.pauses = _Pauses()
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def failed(self, failure: ConcurrencyLimitError | _Lost) -> None:
+        """An attempt was refused, or lost its connection: pause before the next; after a
+        lost connection, listen afresh (the listener's connection went too)."""
+        self.failure = failure
+        self.pause_first = True
+        if isinstance(failure, _Lost):
+            self.listened = False
+
+    def listening(self, listener: object | None) -> None:
+        """A listener was asked for: when one was opened after a failure, try at once (a
+        release between that failure and the listening would not be heard)."""
+        self.listened = True
+        self.pause_first = self.pause_first and listener is None
+
+    def pause(self, remaining: float, listening: bool) -> float:
+        self.pause_first = False
+        refusal = self.failure
+        if isinstance(refusal, ConcurrencyLimitError):
+            return self.pauses.next(remaining, refusal.retry_after, listening)
+        return self.pauses.next(remaining, math.inf, listening)
+
+    def give_up(self) -> Exception:
+        """What the start raises at its deadline: the last refusal, or the database error of
+        a last attempt that lost its connection."""
+        assert self.failure is not None
+        return self.failure.error if isinstance(self.failure, _Lost) else self.failure
+
+
+@contextlib.contextmanager
+def _unwrapped() -> Iterator[None]:
+    """A lost connection of the last attempt raised as the database error it was."""
+    try:
+        yield
+    except _Lost as lost:
+        raise lost.error from None
 
 
 def _listener(store: BaseStore, keys: Collection[str]) -> ReleaseListener | None:
@@ -237,112 +347,114 @@ async def _awaited(listener: AsyncReleaseListener, pause: float) -> bool:
 def start_waiting(
     store: BaseStore, keys: Collection[str], wait: float, attempt: Callable[[], _T]
 ) -> _T:
-    """``attempt()`` (a start), tried again while its quota refuses it, for up to ``wait``
-    seconds; then the last refusal is raised."""
-    deadline = time.monotonic() + wait
+    """``attempt()`` (a start), tried again while its quota refuses it or its database is
+    out of reach, for up to ``wait`` seconds; then the last refusal is raised (or the
+    database error, when the last attempt could not reach it)."""
     if not keys:
         return attempt()
-    ticket = _ticket(store, keys)
-    refusal: ConcurrencyLimitError | None = None
+    trying = _attempting(store, attempt)
+    waiting = _Waiting(store, keys, wait)
+    ticket = waiting.ticket
     if not _queued(ticket):
         try:
-            return attempt()
-        except ConcurrencyLimitError as error:
-            refusal = error
+            return trying()
+        except (ConcurrencyLimitError, _Lost) as failure:
+            waiting.failed(failure)
     _join(ticket)
     listener: ReleaseListener | None = None
-    listened = False
-    pause_first = refusal is not None
-    pauses = _Pauses()
     try:
-        while (remaining := deadline - time.monotonic()) > 0:
+        while (remaining := waiting.remaining()) > 0:
             ticket.event.clear()  # before looking: a wake from now on is not lost
             if not _at_head(ticket):
                 ticket.event.wait(min(remaining, SAFETY_SECONDS))
-                pause_first = False
+                waiting.pause_first = False
                 continue
-            if not listened:
-                listened = True
+            if not waiting.listened:
+                if listener is not None:
+                    with contextlib.suppress(Exception):
+                        listener.close()
                 listener = _listener(store, keys)
-                pause_first = pause_first and listener is None
-            if pause_first and refusal is not None:
-                pause = pauses.next(remaining, refusal, listener is not None)
+                waiting.listening(listener)
+            if waiting.pause_first:
+                pause = waiting.pause(remaining, listener is not None)
                 if listener is None:
                     time.sleep(pause)
                 elif not _waited(listener, pause):
                     listener = None
-                pause_first = False
+                    waiting.listened = False  # listen afresh before the next attempt
                 continue
             try:
-                return attempt()
-            except ConcurrencyLimitError as error:
-                refusal = error
-                pause_first = True
+                return trying()
+            except (ConcurrencyLimitError, _Lost) as failure:
+                waiting.failed(failure)
     finally:
         _leave(ticket)
         if listener is not None:
-            listener.close()
-    if refusal is None:  # queued behind others, and never tried
-        return attempt()
-    raise refusal
+            with contextlib.suppress(Exception):
+                listener.close()
+    if waiting.failure is None:  # queued behind others, and never tried
+        with _unwrapped():
+            return trying()
+    raise waiting.give_up()
 
 
 async def astart_waiting(
-    store: BaseStore, keys: Collection[str], wait: float, attempt: Callable[[], Awaitable[_T]]
+    store: BaseStore, keys: Collection[str], wait: float, attempt: Callable[[], _T]
 ) -> _T:
-    """:func:`start_waiting` for async code: it waits without blocking the event loop. A
-    cancelled wait leaves its queue and closes its listener; nothing was started."""
-    deadline = time.monotonic() + wait
+    """:func:`start_waiting` for async code: ``attempt`` (sync) runs in a thread
+    (``sync_to_async``), and the start waits without blocking the event loop. A cancelled
+    wait leaves its queue and closes its listener; nothing was started."""
     if not keys:
-        return await attempt()
-    ticket = _ticket(store, keys)
+        return await sync_to_async(attempt)()
+    trying = sync_to_async(_attempting(store, attempt))
+    waiting = _Waiting(store, keys, wait)
+    ticket = waiting.ticket
     ticket.loop = asyncio.get_running_loop()
     ticket.async_event = asyncio.Event()
-    refusal: ConcurrencyLimitError | None = None
     if not _queued(ticket):
         try:
-            return await attempt()
-        except ConcurrencyLimitError as error:
-            refusal = error
+            return await trying()
+        except (ConcurrencyLimitError, _Lost) as failure:
+            waiting.failed(failure)
     _join(ticket)
     listener: AsyncReleaseListener | None = None
-    listened = False
-    pause_first = refusal is not None
-    pauses = _Pauses()
     try:
-        while (remaining := deadline - time.monotonic()) > 0:
+        while (remaining := waiting.remaining()) > 0:
             ticket.async_event.clear()  # before looking: a wake from now on is not lost
             if not _at_head(ticket):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
                         ticket.async_event.wait(), min(remaining, SAFETY_SECONDS)
                     )
-                pause_first = False
+                waiting.pause_first = False
                 continue
-            if not listened:
-                listened = True
+            if not waiting.listened:
+                if listener is not None:
+                    with contextlib.suppress(Exception):
+                        await listener.close()
                 listener = await _alistener(store, keys)
-                pause_first = pause_first and listener is None
-            if pause_first and refusal is not None:
-                pause = pauses.next(remaining, refusal, listener is not None)
+                waiting.listening(listener)
+            if waiting.pause_first:
+                pause = waiting.pause(remaining, listener is not None)
                 if listener is None:
                     await asyncio.sleep(pause)
                 elif not await _awaited(listener, pause):
                     listener = None
-                pause_first = False
+                    waiting.listened = False
                 continue
             try:
-                return await attempt()
-            except ConcurrencyLimitError as error:
-                refusal = error
-                pause_first = True
+                return await trying()
+            except (ConcurrencyLimitError, _Lost) as failure:
+                waiting.failed(failure)
     finally:
         _leave(ticket)
         if listener is not None:
-            await asyncio.shield(listener.close())
-    if refusal is None:
-        return await attempt()
-    raise refusal
+            with contextlib.suppress(Exception):
+                await asyncio.shield(listener.close())
+    if waiting.failure is None:
+        with _unwrapped():
+            return await trying()
+    raise waiting.give_up()
 
 
 __all__ = [

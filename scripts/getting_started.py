@@ -48,7 +48,14 @@ BURST = 10
 LIMIT = 3
 TIMEOUT = 180.0
 
-MARKER = re.compile(r"<!-- getting-started: (?P<action>\w+)(?: (?P<path>\S+))? -->\n```[^\n]*\n")
+
+def marker(page: str) -> re.Pattern[str]:
+    """The comment that marks a code block of a page for a program: ``<!-- page: action
+    [path] -->`` on the line above the block."""
+    return re.compile(rf"<!-- {page}: (?P<action>\w+)(?: (?P<path>\S+))? -->\n```[^\n]*\n")
+
+
+MARKER = marker("getting-started")
 
 
 class Failed(Exception):
@@ -169,15 +176,16 @@ def run_the_guide(work: Path) -> None:
 # the guide's text -------------------------------------------------------------------------
 
 
-def marked_snippets(guide: str) -> list[tuple[str, str, str]]:
-    """The ``(action, path, code)`` of each block marked ``append PATH`` or ``write PATH``."""
+def marked_snippets(guide: str, pattern: re.Pattern[str] = MARKER) -> list[tuple[str, str, str]]:
+    """The ``(action, path, code)`` of each block marked ``append PATH`` or ``write PATH``
+    (by :data:`MARKER`, or ``pattern``) in the page ``guide``."""
     snippets = []
-    for match in MARKER.finditer(guide):
+    for match in pattern.finditer(guide):
         if match["action"] in ("append", "write"):
             code = guide[match.end() : guide.index("\n```\n", match.end()) + 1]
             snippets.append((match["action"], match["path"], code))
     if not snippets:
-        raise Failed(f"no <!-- getting-started: ... --> snippets in {GUIDE}")
+        raise Failed(f"no code blocks marked {pattern.pattern!r}")
     return snippets
 
 

@@ -9,6 +9,8 @@
   from ``DURABLE_PG_BIN``, by default ``/usr/lib/postgresql/15/bin``).
   :func:`django_database` makes a database on it a Django database alias of the test
   process, migrated; :meth:`PostgresServer.environment` points a subprocess at it.
+- :class:`MariaDbServer`: the same of MariaDB (``mariadbd`` from ``DURABLE_MARIADB_BIN``,
+  by default ``/usr/sbin/mariadbd``), killed and started again.
 
 Nothing here touches the shared servers.
 """
@@ -28,6 +30,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Self
 
 import pytest
 from django.core.management import call_command
@@ -168,7 +171,70 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGQUIT)
 
 
-class PostgresServer:
+class _Server:
+    """A database server of the test's own, in a temporary directory, on a free port, run
+    as a child of the test process (it dies with it). A subclass gives its
+    :meth:`command` and tells when it is :meth:`ready`."""
+
+    #: The server's name, for errors.
+    name = "the server"
+
+    def __init__(self, prefix: str, program: Path, setting: str) -> None:
+        if not program.exists():
+            # Skipped where it is missing, except on CI (``CI`` set), where it fails.
+            message = f"no {program} (set {setting})"
+            if os.environ.get("CI"):
+                raise RuntimeError(message)
+            pytest.skip(message)
+        self.directory = Path(tempfile.mkdtemp(prefix=prefix))
+        self.data = self.directory / "data"
+        self.log = self.directory / "server.log"
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def command(self) -> list[str | Path]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Start the server, if it is not running, and return once it accepts connections."""
+        if self.process is not None:
+            return
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+                **self.options(),  # type: ignore[arg-type]
+            )
+        deadline = time.monotonic() + SERVER_WAIT
+        while not self.ready():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not start:\n{self.log.read_text()}")
+            time.sleep(0.05)
+
+    def options(self) -> dict[str, object]:
+        """More ``subprocess`` options for the server's processes."""
+        return {}
+
+
+class PostgresServer(_Server):
     """A PostgreSQL cluster of the test's own, in a temporary directory, on a free port.
 
     :meth:`start` runs the server as a child of the test process (it dies with it),
@@ -177,19 +243,10 @@ class PostgresServer:
     Durability is off (``fsync=off``): the tests need speed, not crash safety of the host.
     """
 
+    name = "PostgreSQL"
+
     def __init__(self) -> None:
-        if not (PG_BIN / "initdb").exists():
-            # Skipped where they are missing, except on CI (``CI`` set), where it fails.
-            message = f"no PostgreSQL server programs in {PG_BIN} (set DURABLE_PG_BIN)"
-            if os.environ.get("CI"):
-                raise RuntimeError(message)
-            pytest.skip(message)
-        self.directory = Path(tempfile.mkdtemp(prefix="durable-pg-"))
-        self.data = self.directory / "data"
-        self.log = self.directory / "server.log"
-        self.host = "127.0.0.1"
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
+        super().__init__("durable-pg-", PG_BIN / "initdb", "DURABLE_PG_BIN")
         options = _as_postgres_user()
         if options:
             shutil.chown(self.directory, "postgres", "postgres")
@@ -212,19 +269,11 @@ class PostgresServer:
             **options,  # type: ignore[arg-type]
         )
 
-    def __enter__(self) -> PostgresServer:
-        self.start()
-        return self
+    def options(self) -> dict[str, object]:
+        return _as_postgres_user()
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-    def start(self) -> None:
-        """Start the server, if it is not running, and return once it accepts connections."""
-        if self.process is not None:
-            return
-        command = [
+    def command(self) -> list[str | Path]:
+        return [
             PG_BIN / "postgres",
             "-D",
             self.data,
@@ -239,20 +288,6 @@ class PostgresServer:
             "-c",
             "full_page_writes=off",
         ]
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
-                **_as_postgres_user(),  # type: ignore[arg-type]
-            )
-        deadline = time.monotonic() + SERVER_WAIT
-        while not self.ready():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"PostgreSQL did not start:\n{self.log.read_text()}")
-            time.sleep(0.05)
 
     def ready(self) -> bool:
         """Whether the server accepts connections."""
@@ -364,7 +399,7 @@ def database_alias(alias: str, settings: dict[str, object]) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def django_database(alias: str, server: PostgresServer, name: str) -> Iterator[str]:
+def django_database(alias: str, server: PostgresServer | MariaDbServer, name: str) -> Iterator[str]:
     """The database ``name`` on ``server``, created and migrated, as the Django database
     ``alias`` of the test process for the block (see :func:`database_alias`).
 
@@ -374,3 +409,96 @@ def django_database(alias: str, server: PostgresServer, name: str) -> Iterator[s
     with database_alias(alias, server.settings(name)):
         call_command("migrate", database=alias, verbosity=0)
         yield alias
+
+
+# a MariaDB server of our own ------------------------------------------------------------
+
+MARIADB_BIN = Path(os.environ.get("DURABLE_MARIADB_BIN", "/usr/sbin/mariadbd"))
+MARIADB_INSTALL = Path(os.environ.get("DURABLE_MARIADB_INSTALL", "/usr/bin/mariadb-install-db"))
+
+
+class MariaDbServer(_Server):
+    """A MariaDB server of the test's own, in a temporary directory, on a free port, as
+    :class:`PostgresServer` is one of PostgreSQL (the same methods): ``root`` without a
+    password (``--skip-grant-tables``), its commits kept through a kill of the server
+    (not of the host), and :meth:`stop` a ``SIGKILL``, as a crash (the next start
+    recovers from InnoDB's log)."""
+
+    name = "MariaDB"
+
+    def __init__(self) -> None:
+        super().__init__("durable-mariadb-", MARIADB_BIN, "DURABLE_MARIADB_BIN")
+        subprocess.run(
+            [
+                MARIADB_INSTALL,
+                "--no-defaults",
+                f"--datadir={self.data}",
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ],
+            check=True,
+            capture_output=True,
+        )
+
+    def command(self) -> list[str | Path]:
+        return [
+            MARIADB_BIN,
+            "--no-defaults",
+            f"--datadir={self.data}",
+            f"--socket={self.directory / 'server.sock'}",
+            f"--pid-file={self.directory / 'server.pid'}",
+            f"--port={self.port}",
+            f"--bind-address={self.host}",
+            "--user=root",
+            "--skip-grant-tables",
+            "--skip-name-resolve",
+            "--innodb-flush-log-at-trx-commit=2",  # a commit survives a kill
+            "--innodb-buffer-pool-size=32M",
+            "--character-set-server=utf8mb4",
+        ]
+
+    def _connect(self, **options: object) -> object:
+        import pymysql
+
+        return pymysql.connect(host=self.host, port=self.port, user="root", **options)
+
+    def ready(self) -> bool:
+        """Whether the server accepts connections."""
+        try:
+            self._connect(connect_timeout=1).close()  # type: ignore[attr-defined]
+        except Exception:
+            return False
+        return True
+
+    def stop(self) -> None:
+        """Kill the server and return once it is gone."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        process.kill()
+        process.wait(timeout=SERVER_WAIT)
+
+    def restart(self) -> None:
+        """Kill the server and start it again."""
+        self.stop()
+        self.start()
+
+    def create_database(self, name: str) -> None:
+        connection = self._connect(autocommit=True)
+        try:
+            with connection.cursor() as cursor:  # type: ignore[attr-defined]
+                cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        finally:
+            connection.close()  # type: ignore[attr-defined]
+
+    def settings(self, name: str) -> dict[str, object]:
+        """A Django ``DATABASES`` entry for the database ``name`` on this server."""
+        return {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": name,
+            "USER": "root",
+            "HOST": self.host,
+            "PORT": str(self.port),
+            "OPTIONS": {"charset": "utf8mb4"},
+        }

@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.db import connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections, transaction
+from django.test import Client
 
 from durable_django import ConcurrencyLimitError, DurableError, Engine, RunStatus, workflow
+from durable_django import engine as default_engine
 from durable_django.lifecycle import ACTIVE_STATUSES
 from durable_django.models import Run, RunTag
 from durable_django.stores import OrmStore
@@ -28,6 +30,7 @@ from .hammer import STORES
 from .helpers import echo, force_status
 
 on_postgresql = connection.vendor == "postgresql"
+postgresql_only = pytest.mark.skipif(not on_postgresql, reason="PostgreSQL's")
 #: Generous bounds for waits on other threads; a correct run never gets near them.
 PATIENCE = 30.0
 
@@ -173,6 +176,31 @@ def test_a_waiter_whose_time_passes_is_refused_and_leaves_nothing(thread_engine:
     assert waiting_count() == 0
 
 
+class AnswerLostStore(OrmStore):
+    """The ORM store whose first start commits, and then loses its connection before the
+    answer comes back (as when the database restarts at that moment)."""
+
+    lost = 0
+
+    def start_run(self, *args: Any, **kwargs: Any) -> Any:
+        outcome = super().start_run(*args, **kwargs)
+        if not self.lost:
+            self.lost += 1
+            connections[self.using].connection.close()  # the server went away
+            raise OperationalError("server closed the connection unexpectedly")
+        return outcome
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no connection to lose")
+def test_a_waiting_start_whose_answer_was_lost_finds_its_run(thread_engine: Engine) -> None:
+    engine = Engine(registry=thread_engine.registry, store=AnswerLostStore(), enqueue=False)
+    key = fresh_key()
+    handle = engine.start("wait.echo", {}, concurrency=quota(key, 2), wait=PATIENCE)
+    assert engine.store.lost == 1  # type: ignore[attr-defined]
+    assert handle.created
+    assert tagged(engine, key) == [handle.run_id]  # one run, not two
+
+
 class UnreachableListenerStore(OrmStore):
     """The ORM store whose listener's server cannot be reached (a port nothing serves)."""
 
@@ -215,17 +243,115 @@ def test_the_memory_store_waits_by_polling(memory_engine: Engine) -> None:
 
 
 @pytest.mark.django_db
-def test_wait_inside_a_transaction_is_refused(orm_engine: Engine) -> None:
+def test_wait_inside_a_transaction(orm_engine: Engine) -> None:
+    """On PostgreSQL a waiting start may run in a transaction (each attempt in a
+    savepoint), unless the transaction holds its key's lock already; elsewhere it is
+    refused, naming the way out, before anything is written."""
     engine = orm_engine
     engine.register("wait.echo", "1", echo)
     key = fresh_key()
-    with transaction.atomic(), pytest.raises(DurableError) as caught:
-        engine.start("wait.echo", {}, concurrency=quota(key), wait=1)
-    assert "inside a transaction" in str(caught.value)
-    assert tagged(engine, key) == []
+    with transaction.atomic():
+        if on_postgresql:
+            assert engine.start("wait.echo", {}, concurrency=quota(key, 2), wait=1).created
+        with pytest.raises(DurableError) as caught:
+            engine.start("wait.echo", {}, concurrency=quota(key, 2), wait=1)
+    said = str(caught.value)
+    assert "inside this transaction" in said and "transaction.non_atomic_requests" in said
+    if on_postgresql:
+        assert f"it holds the lock of quota key {key!r}" in said
+        assert len(tagged(engine, key)) == 1
+    else:
+        assert "until the transaction ends" in said
+        assert tagged(engine, key) == []
     # without wait, a start in a transaction is what it always was
     with transaction.atomic():
-        assert engine.start("wait.echo", {}, concurrency=quota(key), wait=0).created
+        assert engine.start("wait.echo", {}, concurrency=quota(fresh_key()), wait=0).created
+
+
+@postgresql_only
+def test_wait_is_refused_in_a_transaction_that_would_never_see_a_release(
+    thread_engine: Engine,
+) -> None:
+    engine = thread_engine
+    with transaction.atomic(), pytest.raises(DurableError) as caught:
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        engine.start("wait.echo", {}, concurrency=quota(fresh_key()), wait=1)
+    assert "its isolation level, repeatable read, would never see a slot free" in str(caught.value)
+
+
+@pytest.fixture
+def atomic_requests(monkeypatch: pytest.MonkeyPatch, transactional_db: None) -> None:
+    """``ATOMIC_REQUESTS`` on the default database, with commits other threads see."""
+    monkeypatch.setitem(connections.settings[DEFAULT_DB_ALIAS], "ATOMIC_REQUESTS", True)
+
+
+def freed_when_waiting(key: str, run_id: str, refused: list[int]) -> threading.Thread:
+    """A thread that, once a start waits, starts on the same key without waiting (which
+    a quota lock held by the waiting start would block until its transaction ends, and
+    is otherwise refused at once, while the other still waits: ``refused`` gets how many
+    wait then), and then completes ``run_id``."""
+
+    def target() -> None:
+        try:
+            wait_until(lambda: waiting_count() == 1)
+            try:
+                default_engine.start("tests.echo", {}, concurrency=quota(key))
+            except ConcurrencyLimitError:
+                refused.append(waiting_count())
+            force_status(default_engine, run_id, RunStatus.COMPLETED)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread
+
+
+@pytest.mark.urls("tests.wait_views")
+def test_a_view_under_atomic_requests_waits_where_its_database_allows(
+    atomic_requests: None, client: Client
+) -> None:
+    key = fresh_key()
+    holder = default_engine.start("tests.echo", {}, concurrency=quota(key))
+    if not on_postgresql:
+        with pytest.raises(DurableError) as caught:
+            client.get(f"/wait/{key}/")
+        assert "transaction.non_atomic_requests" in str(caught.value)
+        assert tagged(default_engine, key) == [holder.run_id]
+        return
+    refused: list[int] = []
+    thread = freed_when_waiting(key, holder.run_id, refused)
+    response = client.get(f"/wait/{key}/")
+    thread.join(PATIENCE)
+    assert response.status_code == 201
+    assert refused == [1]  # the view's refused attempts held no lock while it waited
+    assert tagged(default_engine, key) == sorted([holder.run_id, response.content.decode()])
+    assert waiting_count() == 0
+
+
+@postgresql_only
+@pytest.mark.urls("tests.wait_views")
+def test_a_view_under_atomic_requests_is_refused_at_its_deadline(
+    atomic_requests: None, client: Client
+) -> None:
+    key = fresh_key()
+    holder = default_engine.start("tests.echo", {}, concurrency=quota(key))
+    response = client.get(f"/wait/{key}/?wait=0.2")
+    assert (response.status_code, response.content.decode()) == (429, key)
+    assert tagged(default_engine, key) == [holder.run_id]
+
+
+@pytest.mark.urls("tests.wait_views")
+def test_a_non_atomic_view_waits_on_every_database(atomic_requests: None, client: Client) -> None:
+    key = fresh_key()
+    holder = default_engine.start("tests.echo", {}, concurrency=quota(key))
+    refused: list[int] = []
+    thread = freed_when_waiting(key, holder.run_id, refused)
+    response = client.get(f"/wait-outside/{key}/")
+    thread.join(PATIENCE)
+    assert response.status_code == 201 and refused == [1]
+    assert tagged(default_engine, key) == sorted([holder.run_id, response.content.decode()])
 
 
 def test_wait_inside_a_workflow_body_is_refused(engine: Engine) -> None:
@@ -454,8 +580,6 @@ def test_waiters_mixed_with_starters_and_releases_never_over_admit(fast_path: bo
 
 
 # the release notification (PostgreSQL) -------------------------------------------------
-
-postgresql_only = pytest.mark.skipif(not on_postgresql, reason="LISTEN/NOTIFY is PostgreSQL's")
 
 
 @postgresql_only

@@ -561,6 +561,20 @@ class BaseStore(abc.ABC):
         The default says no."""
         return False
 
+    def waiting_in_transaction(self, keys: Collection[str]) -> str | None:
+        """Asked inside a transaction of this store's, by a start that would wait for a
+        slot of quota ``keys``: ``None`` when it may, each attempt in a savepoint
+        (:meth:`atomic`) whose rollback releases what a refused attempt locked, and whose
+        reads see the releases other transactions commit; else why it may not (for the
+        error). The default: it may not."""
+        return "this store keeps a refused start's locks until the transaction ends"
+
+    def reconnect(self) -> None:
+        """Drop this thread's connection to the store's database, which
+        :meth:`connection_lost` said went away, so that the next operation opens a new
+        one; never called inside a transaction. The default does nothing."""
+        return None
+
     def release_listener(self, keys: Collection[str]) -> ReleaseListener | None:
         """A listener told when a slot of one of quota ``keys`` frees (a run leaves a
         counted status), already listening when returned; or ``None`` when the store

@@ -1007,3 +1007,12 @@ class StoreContract:
         assert isinstance(store.is_shared, bool)
         assert isinstance(store.check(), list)
         assert store.connection_lost(ValueError("not a database error")) is False
+
+    def test_a_reconnected_store_goes_on_working(self, store: BaseStore) -> None:
+        store.create_run(new_run("run-1"))
+        if not store.in_transaction():  # a waiting start reconnects outside one only
+            store.reconnect()
+        run = store.get_run("run-1")
+        assert run is not None and run.run_id == "run-1"
+        if store.in_transaction():
+            assert isinstance(store.waiting_in_transaction(["k"]), str | None)

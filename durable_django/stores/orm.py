@@ -99,6 +99,16 @@ _START_MANY_SQL = (
     "SELECT position, outcome, refused, active, found_workflow, found_namespace "
     "FROM durable_start_runs_v2(%s::jsonb, %s)"
 )
+#: The isolation level of the current transaction, and the first of the keys ``%s``
+#: whose advisory lock (``durable_lock_quota_key_v1``: a bigint, shown by ``pg_locks`` as
+#: its high and low 32 bits) it holds.
+_HELD_KEYS_SQL = (
+    "SELECT current_setting('transaction_isolation'), ("
+    "SELECT min(k) FROM unnest(%s::text[]) AS k JOIN pg_locks AS l ON l.locktype = 'advisory' "
+    "AND l.pid = pg_backend_pid() AND l.granted AND l.objsubid = 1 "
+    "AND l.classid = ((hashtextextended('durable_django:' || k, 0) >> 32) & 4294967295)::oid "
+    "AND l.objid = (hashtextextended('durable_django:' || k, 0) & 4294967295)::oid)"
+)
 _CLAIM_SQL = "SELECT * FROM durable_claim_run_v1(%s, %s, %s, %s, %s, %s)"
 _RECORD_HELD_SQL = "SELECT durable_record_held_step_v1(%s, %s, %s::integer, %s, %s, %s, %s)"
 _RECORD_HELD_V2_SQL = "SELECT durable_record_held_step_v2(%s, %s, %s::integer, %s, %s, %s, %s)"
@@ -524,6 +534,34 @@ class OrmStore(BaseStore):
 
     def in_transaction(self) -> bool:
         return connections[self.using].in_atomic_block
+
+    def waiting_in_transaction(self, keys: Collection[str]) -> str | None:
+        """On PostgreSQL a savepoint's rollback releases the advisory locks taken since
+        (the keys' locks), so a start may wait in a ``READ COMMITTED`` transaction that does
+        not hold one of its keys' locks already (one query tells both). Elsewhere a rolled
+        back attempt keeps its locks: SQLite's write lock, InnoDB's row locks."""
+        connection = connections[self.using]
+        if connection.vendor == "sqlite":
+            return "SQLite keeps the write lock a refused start took until the transaction ends"
+        if connection.vendor != "postgresql":
+            return (
+                "MySQL and MariaDB keep the row locks a refused start took until the "
+                "transaction ends"
+            )
+        with connection.cursor() as cursor:
+            cursor.execute(_HELD_KEYS_SQL, [sorted(set(keys))])
+            isolation, held = cursor.fetchone()
+        if isolation != "read committed":
+            return f"its isolation level, {isolation}, would never see a slot free"
+        if held:
+            return f"it holds the lock of quota key {held!r} (it started a run under it)"
+        return None
+
+    def reconnect(self) -> None:
+        connection = connections[self.using]
+        if not connection.in_atomic_block:
+            with contextlib.suppress(Exception):
+                connection.close()
 
     def release_listener(self, keys: Collection[str]) -> ReleaseListener | None:
         if connections[self.using].vendor != "postgresql":
