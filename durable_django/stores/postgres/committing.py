@@ -47,11 +47,11 @@ def commits_in_statement(connection: BaseDatabaseWrapper) -> bool:
 
 def execute_and_commit(connection: BaseDatabaseWrapper, statement: str, params: list[Any]) -> None:
     """Send ``statement`` then ``COMMIT`` as one query string, its parameters quoted
-    client-side, on a ``ClientCursor`` kept per connection (:mod:`.bound`; the execute
-    wrappers and the query log see it). An error of either raises as Django's; the
-    transaction is then over, rolled back by the server."""
-    # Never prepared: a query string of two statements cannot be.
-    execute_kept(connection, f"{statement}; COMMIT", params, ClientCursor, prepare=False)
+    client-side, on a ``ClientCursor`` kept per connection (:mod:`.bound`: seen as
+    Django's cursors are, by the execute wrappers, the query log and the database
+    instrumentations). Never prepared: a ``ClientCursor`` never prepares. An error of
+    either raises as Django's; the transaction is then over, rolled back by the server."""
+    execute_kept(connection, f"{statement}; COMMIT", params, ClientCursor)
 
 
 def sqlstate(error: BaseException) -> str | None:
