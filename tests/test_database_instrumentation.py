@@ -14,7 +14,7 @@ import pytest
 from django.db import connection, connections
 from django.db.utils import load_backend
 
-from durable_django import Engine, RunStatus
+from durable_django import Concurrency, Engine, RunStatus
 from durable_django.models import Signal
 
 from .helpers import statements_sent
@@ -37,8 +37,9 @@ CALLED = [
 
 
 def first_start(engine: Engine) -> str:
-    """Register a workflow of a plain step, a transactional one writing a row under a
-    token, and a last plain one; make the first start on the connection; the token."""
+    """Register a workflow under a quota, of a plain step, a transactional one writing a
+    row under a token, and a last plain one; make the first start on the connection
+    (the quota's lock and the start, sent as statements); the token."""
     token = f"spans:{uuid.uuid4().hex}"
 
     def body(ctx: Any, input: Any) -> int:
@@ -46,7 +47,9 @@ def first_start(engine: Engine) -> str:
         ctx.transaction("two", lambda: Signal.objects.create(token=token).pk)
         return int(ctx.step("three", lambda: 3))
 
-    engine.register("spans.wf", "1", body)
+    engine.register(
+        "spans.wf", "1", body, concurrency=Concurrency(key=lambda input: token, limit=5)
+    )
     engine.start("spans.wf", {})
     return token
 
@@ -206,3 +209,23 @@ def test_django_prometheus_counts_every_statement(orm_engine: Engine, prometheus
 
     statements = start_and_turn(orm_engine, token, around())
     assert counted == [len(statements)]
+
+
+def test_a_connection_instrumented_alone_starts_and_turns(orm_engine: Engine):
+    """``PsycopgInstrumentor.instrument_connection`` gives the connection psycopg's
+    server-binding ``Cursor`` (traced) as its factory, in place of Django's client-side
+    one: the first start and the record with its COMMIT, each a query string of several
+    statements, must not be sent as one then."""
+    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+
+    connection.close()
+    connection.ensure_connection()
+    PsycopgInstrumentor.instrument_connection(connection.connection)
+    try:
+        token = first_start(orm_engine)
+        handle = orm_engine.start("spans.wf", {})
+        assert orm_engine.execute(handle.run_id)
+        assert orm_engine.get_run(handle.run_id).status == RunStatus.COMPLETED
+        assert Signal.objects.filter(token=token).count() == 1
+    finally:
+        connection.close()

@@ -44,10 +44,10 @@ from django.db.backends.utils import CursorWrapper
 
 try:
     from django.db.backends.postgresql.psycopg_any import register_tzloader
-    from psycopg import Connection, Cursor
+    from psycopg import ClientCursor, Connection, Cursor
     from psycopg.pq import Format
 except ImportError:  # pragma: no cover - without psycopg 3
-    Connection = Cursor = None  # type: ignore[assignment,misc]
+    ClientCursor = Connection = Cursor = None  # type: ignore[assignment,misc]
 
 #: ``timestamptz``'s type oid.
 _TIMESTAMPTZ_OID = 1184
@@ -79,6 +79,18 @@ def execute_kept(
     with connection.wrap_database_errors:
         row: tuple[Any, ...] | None = cursor.cursor.fetchone()
     return row
+
+
+def binds_client_side(raw: Any) -> bool:
+    """Whether the cursors of the DB-API connection ``raw`` are psycopg 3's
+    ``ClientCursor``, which send a query string of several statements: Django's default,
+    unless ``OPTIONS["server_side_binding"]``, or an instrumentation gave the connection
+    a factory of its own (``PsycopgInstrumentor.instrument_connection`` gives psycopg's
+    ``Cursor``, bound by the server)."""
+    factory = getattr(raw, "cursor_factory", None)
+    return (
+        ClientCursor is not None and isinstance(factory, type) and issubclass(factory, ClientCursor)
+    )
 
 
 def _cursor(connection: BaseDatabaseWrapper, raw: Any, factory: Any) -> CursorWrapper:

@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .bound import execute_kept
+from .bound import binds_client_side, execute_kept
 
 try:
     from psycopg import ClientCursor
@@ -34,15 +34,13 @@ NOT_HELD_SQLSTATE = "DUR01"
 def commits_in_statement(connection: BaseDatabaseWrapper) -> bool:
     """Whether the transaction of ``connection``'s only ``atomic()`` may be committed by a
     statement of its own (:func:`execute_and_commit`)."""
-    if ClientCursor is None or not connection.in_atomic_block:
+    if not connection.in_atomic_block:
         return False
     if len(connection.atomic_blocks) != 1 or connection.savepoint_ids:
         return False
     if connection.needs_rollback or not connection.commit_on_exit:
         return False
-    raw = connection.connection
-    factory = getattr(raw, "cursor_factory", None)
-    return isinstance(factory, type) and issubclass(factory, ClientCursor)
+    return binds_client_side(connection.connection)
 
 
 def execute_and_commit(connection: BaseDatabaseWrapper, statement: str, params: list[Any]) -> None:
