@@ -2,7 +2,8 @@
 checkout's ``fetch_one`` against another checkout's (``--before``) and against Django's
 own cursor, with no instrumentation, with sentry-sdk's Django integration on (a
 transaction sampled, so every statement is a span), and with OpenTelemetry's psycopg
-instrumentation on (spans to the SDK's in-memory exporter).
+instrumentation on (spans to the SDK's in-memory exporter); then, with ``--before``, a
+whole start and turn with this checkout's kept cursors and with the other's.
 
 Run from the repository root::
 
@@ -16,6 +17,13 @@ median per round of the client's CPU time (this thread's) and wall time per stat
 and the ratios are the medians of the per-round ratios, with their interquartile range
 (the machine is shared: compare rows, not absolutes). ``sentry`` and ``otel`` need the
 ``dev`` extra.
+
+The start and turn (``--turns`` per way per round, 0 to leave them out) run in the
+database ``--turn-database``, created if missing and migrated: ``Engine(enqueue=False)``
+starts a run under a quota, then executes its turn (two steps and a transactional
+step), timed apart, the other checkout's ``fetch_one`` and ``execute_kept`` put in place
+of this one's for its batches. Everything else is this checkout's code: the difference
+is the kept cursors' alone.
 """
 
 from __future__ import annotations
@@ -58,10 +66,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--modes", default="none,sentry,otel", help="instrumentations, comma-separated"
     )
+    parser.add_argument("--turns", type=int, default=100, help="starts and turns per way")
+    parser.add_argument(
+        "--turn-database", default="durable_bench_kept", help="PostgreSQL database of the runs"
+    )
     return parser.parse_args()
 
 
-def configure(database: str) -> None:
+def configure(database: str, turn_database: str) -> None:
     import django
     from django.conf import settings
 
@@ -72,11 +84,15 @@ def configure(database: str) -> None:
         "HOST": os.environ.get("DURABLE_BENCH_HOST", "127.0.0.1"),
         "PORT": os.environ.get("DURABLE_BENCH_PORT", "5432"),
     }
+    databases = {name: dict(alias) for name in ("default", "before", "django")}
+    databases["runs"] = {**alias, "NAME": turn_database}
     settings.configure(
         USE_TZ=True,
         TIME_ZONE="UTC",
-        INSTALLED_APPS=[],
-        DATABASES={name: dict(alias) for name in ("default", "before", "django")},
+        INSTALLED_APPS=["durable_django"],
+        DATABASES=databases,
+        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+        DURABLE={"ENQUEUE": False},
     )
     django.setup()
 
@@ -192,23 +208,106 @@ def measure(mode: str, found: dict[str, Callable[[], Any]], args: argparse.Names
         print(f"| {name} | {cpu_us:.1f} | {wall_us:.1f} |")
     print()
     for other in names[1:]:
-        for label, series in (("CPU", cpu), ("wall", wall)):
-            ratios = sorted(a / b for a, b in zip(series["kept"], series[other], strict=True))
-            quartiles = statistics.quantiles(ratios, n=4)
-            print(
-                f"kept / {other}, {label}: {statistics.median(ratios):.3f}"
-                f" (per-round IQR {quartiles[0]:.3f}-{quartiles[2]:.3f})"
-            )
+        print_ratios(cpu, "kept", other, "CPU")
+        print_ratios(wall, "kept", other, "wall")
+
+
+def print_ratios(series: dict[str, list[float]], first: str, other: str, label: str) -> None:
+    ratios = sorted(a / b for a, b in zip(series[first], series[other], strict=True))
+    quartiles = statistics.quantiles(ratios, n=4)
+    print(
+        f"{first} / {other}, {label}: {statistics.median(ratios):.3f}"
+        f" (per-round IQR {quartiles[0]:.3f}-{quartiles[2]:.3f})"
+    )
+
+
+def prepare_runs(database: str) -> None:
+    """Create ``database`` if missing, and migrate it."""
+    import psycopg
+    from django.core.management import call_command
+    from django.db import connections
+
+    params = connections["runs"].get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**{**params, "dbname": "postgres"}, autocommit=True) as admin:
+        found = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database])
+        if found.fetchone() is None:
+            admin.execute(f'CREATE DATABASE "{database}"')
+    call_command("migrate", database="runs", verbosity=0)
+
+
+def measure_turns(before: Any, args: argparse.Namespace) -> None:
+    """Starts and turns with this checkout's kept cursors and with ``before``'s."""
+    from django.db import connections
+
+    from durable_django import Concurrency, Engine
+    from durable_django.registry import Registry
+    from durable_django.stores import OrmStore
+    from durable_django.stores import orm as orm_module
+    from durable_django.stores.postgres import bound, committing
+
+    prepare_runs(args.turn_database)
+    engine = Engine(store=OrmStore(using="runs"), registry=Registry(), enqueue=False)
+
+    def body(ctx: Any, input: Any) -> int:
+        ctx.step("one", lambda: 1)
+        ctx.step("two", lambda: 2)
+        return int(ctx.transaction("three", lambda: 3))
+
+    engine.register(
+        "bench.kept", "1", body, concurrency=Concurrency(key=lambda input: "bench:kept", limit=10)
+    )
+    kept = {
+        "kept": (bound.fetch_one, bound.execute_kept),
+        "kept before": (before.fetch_one, before.execute_kept),
+    }
+    starts: dict[str, list[float]] = {name: [] for name in kept}
+    turns: dict[str, list[float]] = {name: [] for name in kept}
+    names = list(kept)
+    connection = connections["runs"]
+    try:
+        for number in range(args.rounds + 1):
+            order = names[number % len(names) :] + names[: number % len(names)]
+            for name in order:
+                orm_module.fetch_one, committing.execute_kept = kept[name]
+                # Each version keeps its cursors its own way.
+                connection.__dict__.pop("_durable_kept_cursors", None)
+                start_cpu = turn_cpu = 0
+                for _ in range(args.turns):
+                    started = time.thread_time_ns()
+                    handle = engine.start("bench.kept", {})
+                    between = time.thread_time_ns()
+                    assert engine.execute(handle.run_id)
+                    ended = time.thread_time_ns()
+                    start_cpu += between - started
+                    turn_cpu += ended - between
+                if number:  # the first round warms up
+                    starts[name].append(start_cpu / args.turns / 1000)
+                    turns[name].append(turn_cpu / args.turns / 1000)
+    finally:
+        orm_module.fetch_one, committing.execute_kept = kept["kept"]
+    print(f"\nstart and turn: {args.rounds} rounds x {args.turns} runs per way\n")
+    print("| way | start, client CPU µs | turn, client CPU µs |")
+    print("| --- | ---: | ---: |")
+    for name in names:
+        start_us, turn_us = statistics.median(starts[name]), statistics.median(turns[name])
+        print(f"| {name} | {start_us:.0f} | {turn_us:.0f} |")
+    print()
+    print_ratios(starts, "kept", "kept before", "start CPU")
+    print_ratios(turns, "kept", "kept before", "turn CPU")
 
 
 def main() -> None:
     args = parse_args()
-    configure(args.database)
+    configure(args.database, args.turn_database)
     before = load_before(args.before) if args.before else None
     found = ways(before)
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    for mode in args.modes.split(","):
+    for mode in filter(None, args.modes.split(",")):
         measure(mode, found, args)
+    if before is not None and args.turns:
+        measure_turns(before, args)
     print(f"\nload average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 
