@@ -166,7 +166,7 @@ def instrumentation(mode: str) -> Iterator[Callable[[], AbstractContextManager[A
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         instrumentor = PsycopgInstrumentor()
-        instrumentor.instrument(tracer_provider=provider, skip_dep_check=True)
+        instrumentor.instrument(tracer_provider=provider)
 
         @contextmanager
         def batch() -> Iterator[None]:

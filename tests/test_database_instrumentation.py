@@ -142,7 +142,7 @@ def otel_spans() -> Iterator[Any]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     instrumentor = PsycopgInstrumentor()
     connection.close()
-    instrumentor.instrument(tracer_provider=provider, skip_dep_check=True)
+    instrumentor.instrument(tracer_provider=provider)
     try:
         yield exporter
     finally:

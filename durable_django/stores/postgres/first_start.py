@@ -38,9 +38,8 @@ def by_statements(connection: BaseDatabaseWrapper, quotas: Sequence[Quota]) -> b
     later call reuses those plans, which costs less. With ``CONN_MAX_AGE = 0`` every start
     is the first on its connection. The statements need the connection's cursors to bind
     the parameters on the client (``bound.binds_client_side``: Django's default, several
-    statements in one query string), and the
-    arguments the function accepts (each key once, weights of at least 1; it raises the
-    errors of the others).
+    statements in one query string), and the arguments the function accepts (each key
+    once, weights of at least 1; it raises the errors of the others).
     """
     raw = connection.connection
     if raw in _STARTED:
