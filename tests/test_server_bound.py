@@ -7,7 +7,7 @@ import datetime
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, OperationalError, connection, transaction
+from django.db import DatabaseError, OperationalError, connection, connections, transaction
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
@@ -41,7 +41,7 @@ def test_the_execute_wrappers_see_the_statement():
 
     def spy(execute, sql, params, many, context):
         seen.append((sql, params))
-        assert context["connection"] is connection
+        assert context["connection"] is connections["default"]
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(spy):
@@ -120,11 +120,36 @@ def test_one_cursor_per_connection_usable_after_an_error():
     from psycopg import Cursor
 
     fetch_one(connection, "SELECT 1", [])
-    kept = connection._durable_kept_cursors[Cursor][2]
+    kept = connection._durable_kept_cursors[Cursor][3].cursor
     with pytest.raises(DatabaseError):
         fetch_one(connection, "SELECT 1/%s::integer", [0])
     assert fetch_one(connection, "SELECT %s::integer", [6]) == (6,)
-    assert connection._durable_kept_cursors[Cursor][2] is kept
+    assert connection._durable_kept_cursors[Cursor][3].cursor is kept
     connection.close()
     assert fetch_one(connection, "SELECT %s::integer", [7]) == (7,)
-    assert connection._durable_kept_cursors[Cursor][2] is not kept
+    assert connection._durable_kept_cursors[Cursor][3].cursor is not kept
+
+
+def test_a_cursor_factory_watching_execute_makes_the_kept_cursor():
+    """An instrumentation's factory (OpenTelemetry's, django-prometheus') sees the
+    statement, even when it is installed after the kept cursor was made."""
+    from psycopg import ClientCursor
+
+    seen: list[str] = []
+
+    class Watching(ClientCursor):
+        def execute(self, query, params=None, **kwargs):
+            seen.append(query)
+            return super().execute(query, params, **kwargs)
+
+    fetch_one(connection, "SELECT 1", [])
+    raw = connection.connection
+    own = raw.cursor_factory
+    raw.cursor_factory = Watching
+    try:
+        assert fetch_one(connection, "SELECT %s::integer", [8]) == (8,)
+    finally:
+        raw.cursor_factory = own
+    assert seen == ["SELECT %s::integer"]
+    fetch_one(connection, "SELECT 1", [])
+    assert seen == ["SELECT %s::integer"]

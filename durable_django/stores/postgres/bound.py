@@ -14,31 +14,40 @@ about 0.2 ms of CPU less (docs/benchmarks.md, "Executing runs"); the start's cal
 of two statements (a record and its ``COMMIT``) on a ``ClientCursor`` kept the same way,
 its parameters quoted into the text, which the simple query protocol allows.
 
+The kept cursor is seen as Django's own are. It is wrapped in Django's
+``CursorWrapper`` (``connection.make_cursor``), whose ``execute`` sends it: the execute
+wrappers (``connection.execute_wrapper``) and what patches ``CursorWrapper.execute``
+(sentry-sdk's Django integration) see the statement, a transaction broken by an earlier
+error is refused, and psycopg's errors are raised as Django's (``OperationalError``,
+``InterfaceError`` ...). When the connection's cursor factory is not psycopg's own but
+overrides ``execute`` (OpenTelemetry's psycopg instrumentation, django-prometheus'
+database backends), the kept cursor is made by that factory, so that they see the
+statement too; its parameters are then bound as that factory binds them (Django's
+default: quoted client-side).
+
 It stays within Django's management of the connection: the connection is opened if need
-be (``ensure_connection``), a transaction broken by an earlier error is refused
-(``validate_no_broken_transaction``), the execute wrappers (``connection.execute_wrapper``)
-see the statement, and psycopg's errors are raised as Django's (``OperationalError``,
-``InterfaceError`` ...). The cursor takes the connection's adapters (Django's JSON and
+be (``ensure_connection``). The cursor takes the connection's adapters (Django's JSON and
 time zone loaders) and its transaction state: inside ``atomic()`` the statement is part
 of the transaction, outside it autocommits. Nothing is prepared unless the connection's
 ``prepare_threshold`` asks for it (Django's default is never), so a pooler in transaction
 mode (PgBouncer) sees only unnamed statements. With the query log on (``DEBUG``), or on
-psycopg 2, Django's own cursor sends the statement, so that it is logged as any other.
+psycopg 2, Django's own cursor sends the statement, so that it is logged as any other,
+its parameters quoted.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 
 try:
     from django.db.backends.postgresql.psycopg_any import register_tzloader
-    from psycopg import Connection, Cursor
+    from psycopg import ClientCursor, Connection, Cursor
     from psycopg.pq import Format
 except ImportError:  # pragma: no cover - without psycopg 3
-    Connection = Cursor = None  # type: ignore[assignment,misc]
+    ClientCursor = Connection = Cursor = None  # type: ignore[assignment,misc]
 
 #: ``timestamptz``'s type oid.
 _TIMESTAMPTZ_OID = 1184
@@ -52,18 +61,12 @@ def fetch_one(
 
 
 def execute_kept(
-    connection: BaseDatabaseWrapper,
-    statement: str,
-    params: list[Any],
-    factory: Any,
-    *,
-    prepare: bool | None = None,
+    connection: BaseDatabaseWrapper, statement: str, params: list[Any], factory: Any
 ) -> tuple[Any, ...] | None:
     """Execute ``statement`` on a cursor of class ``factory`` (psycopg's ``Cursor``, or
-    its ``ClientCursor`` for a query string of several statements) kept per connection;
-    the first row of its first result, if any. Through Django's cursor with the query
-    log on or on psycopg 2; through the execute wrappers when there are any. ``prepare``
-    is psycopg's (``None``: as the connection's ``prepare_threshold`` says)."""
+    its ``ClientCursor`` for a query string of several statements) kept per connection,
+    through Django's ``CursorWrapper``; the first row of its first result, if any.
+    Through Django's cursor with the query log on or on psycopg 2."""
     if connection.queries_logged or Connection is None:
         return _through_django(connection, statement, params)
     connection.ensure_connection()
@@ -71,31 +74,51 @@ def execute_kept(
     if not isinstance(raw, Connection):  # pragma: no cover - psycopg 2
         return _through_django(connection, statement, params)
     connection.validate_thread_sharing()
-    if connection.execute_wrappers:
-        return _wrapped(connection, raw, statement, params, factory, prepare)
     cursor = _cursor(connection, raw, factory)
-    connection.validate_no_broken_transaction()
+    cursor.execute(statement, params)
     with connection.wrap_database_errors:
-        cursor.execute(statement, params, prepare=prepare)
-        row: tuple[Any, ...] | None = cursor.fetchone()
+        row: tuple[Any, ...] | None = cursor.cursor.fetchone()
     return row
 
 
-def _cursor(connection: BaseDatabaseWrapper, raw: Any, factory: Any) -> Any:
-    """The cursor of class ``factory`` on ``raw``, made once per psycopg connection and
-    time zone: a cursor copies its connection's adapters when it is made, which costs
-    about as much as quoting the parameters it saves. It is used by one statement at a
-    time (its row is read before the next is sent), as a connection is one thread's."""
+def binds_client_side(raw: Any) -> bool:
+    """Whether the cursors of the DB-API connection ``raw`` are psycopg 3's
+    ``ClientCursor``, which send a query string of several statements: Django's default,
+    unless ``OPTIONS["server_side_binding"]``, or an instrumentation gave the connection
+    a factory of its own (``PsycopgInstrumentor.instrument_connection`` gives psycopg's
+    ``Cursor``, bound by the server)."""
+    factory = getattr(raw, "cursor_factory", None)
+    return (
+        ClientCursor is not None and isinstance(factory, type) and issubclass(factory, ClientCursor)
+    )
+
+
+def _cursor(connection: BaseDatabaseWrapper, raw: Any, factory: Any) -> CursorWrapper:
+    """Django's wrapper of the cursor of class ``factory`` on ``raw`` (or of the
+    connection's factory, when it watches ``execute``), made once per psycopg connection,
+    time zone and connection's factory: a cursor copies its connection's adapters when it
+    is made, which costs about as much as quoting the parameters it saves. It is used by
+    one statement at a time (its row is read before the next is sent), as a connection
+    is one thread's."""
     timezone = connection.timezone
+    installed = raw.cursor_factory
     kept_cursors = getattr(connection, "_durable_kept_cursors", None)
     if kept_cursors is None:
         kept_cursors = connection._durable_kept_cursors = {}  # type: ignore[attr-defined]
     kept = kept_cursors.get(factory)
-    if kept is not None and kept[0] is raw and kept[1] is timezone and not kept[2].closed:
-        return kept[2]
-    cursor = _new_cursor(raw, timezone, factory)
-    kept_cursors[factory] = (raw, timezone, cursor)
-    return cursor
+    if (
+        kept is not None
+        and kept[0] is raw
+        and kept[1] is timezone
+        and kept[2] is installed
+        and not kept[3].cursor.closed
+    ):
+        wrapper: CursorWrapper = kept[3]
+        return wrapper
+    watched = installed.execute is not Cursor.execute
+    wrapper = connection.make_cursor(_new_cursor(raw, timezone, installed if watched else factory))
+    kept_cursors[factory] = (raw, timezone, installed, wrapper)
+    return wrapper
 
 
 def _new_cursor(raw: Any, timezone: Any, factory: Any) -> Any:
@@ -105,33 +128,6 @@ def _new_cursor(raw: Any, timezone: Any, factory: Any) -> Any:
     if getattr(loader, "timezone", None) != timezone:
         register_tzloader(timezone, cursor)
     return cursor
-
-
-def _wrapped(
-    connection: BaseDatabaseWrapper,
-    raw: Any,
-    statement: str,
-    params: list[Any],
-    factory: Any,
-    prepare: bool | None,
-) -> tuple[Any, ...] | None:
-    """:func:`execute_kept` through the connection's execute wrappers, on a cursor of its
-    own (a wrapper may send statements of its own)."""
-    cursor = _new_cursor(raw, connection.timezone, factory)
-
-    def execute(sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
-        connection.validate_no_broken_transaction()
-        with connection.wrap_database_errors:
-            return cursor.execute(sql, params, prepare=prepare)
-
-    executor: Any = execute
-    for wrapper in reversed(connection.execute_wrappers):
-        executor = functools.partial(wrapper, executor)
-    with cursor:
-        executor(statement, params, False, {"connection": connection, "cursor": cursor})
-        with connection.wrap_database_errors:
-            row: tuple[Any, ...] | None = cursor.fetchone()
-    return row
 
 
 def _through_django(

@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .bound import execute_kept
+from .bound import binds_client_side, execute_kept
 
 try:
     from psycopg import ClientCursor
@@ -34,24 +34,22 @@ NOT_HELD_SQLSTATE = "DUR01"
 def commits_in_statement(connection: BaseDatabaseWrapper) -> bool:
     """Whether the transaction of ``connection``'s only ``atomic()`` may be committed by a
     statement of its own (:func:`execute_and_commit`)."""
-    if ClientCursor is None or not connection.in_atomic_block:
+    if not connection.in_atomic_block:
         return False
     if len(connection.atomic_blocks) != 1 or connection.savepoint_ids:
         return False
     if connection.needs_rollback or not connection.commit_on_exit:
         return False
-    raw = connection.connection
-    factory = getattr(raw, "cursor_factory", None)
-    return isinstance(factory, type) and issubclass(factory, ClientCursor)
+    return binds_client_side(connection.connection)
 
 
 def execute_and_commit(connection: BaseDatabaseWrapper, statement: str, params: list[Any]) -> None:
     """Send ``statement`` then ``COMMIT`` as one query string, its parameters quoted
-    client-side, on a ``ClientCursor`` kept per connection (:mod:`.bound`; the execute
-    wrappers and the query log see it). An error of either raises as Django's; the
-    transaction is then over, rolled back by the server."""
-    # Never prepared: a query string of two statements cannot be.
-    execute_kept(connection, f"{statement}; COMMIT", params, ClientCursor, prepare=False)
+    client-side, on a ``ClientCursor`` kept per connection (:mod:`.bound`: seen as
+    Django's cursors are, by the execute wrappers, the query log and the database
+    instrumentations). Never prepared: a ``ClientCursor`` never prepares. An error of
+    either raises as Django's; the transaction is then over, rolled back by the server."""
+    execute_kept(connection, f"{statement}; COMMIT", params, ClientCursor)
 
 
 def sqlstate(error: BaseException) -> str | None:

@@ -22,6 +22,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ...concurrency import Quota
 from ...limits import TAG_PREFIX
 from ...records import NewRun
+from .bound import binds_client_side
 
 #: The DB-API connections that have made a start: their next starts call the function.
 _STARTED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -35,18 +36,17 @@ def by_statements(connection: BaseDatabaseWrapper, quotas: Sequence[Quota]) -> b
     The first call of a PL/pgSQL function in a server process compiles it and plans each
     of its statements, which costs more than planning the statements sent alone; every
     later call reuses those plans, which costs less. With ``CONN_MAX_AGE = 0`` every start
-    is the first on its connection. The statements need psycopg 3 binding the parameters
-    on the client (Django's default: several statements in one query string), and the
-    arguments the function accepts (each key once, weights of at least 1; it raises the
-    errors of the others).
+    is the first on its connection. The statements need the connection's cursors to bind
+    the parameters on the client (``bound.binds_client_side``: Django's default, several
+    statements in one query string), and the arguments the function accepts (each key
+    once, weights of at least 1; it raises the errors of the others).
     """
     raw = connection.connection
     if raw in _STARTED:
         return False
     _STARTED.add(raw)
     return (
-        hasattr(raw, "pgconn")
-        and not connection.settings_dict.get("OPTIONS", {}).get("server_side_binding")
+        binds_client_side(raw)
         and len({quota.key for quota in quotas}) == len(quotas)
         and all(quota.weight >= 1 for quota in quotas)
     )
