@@ -20,7 +20,7 @@ from sentry_sdk.integrations.logging import LoggingIntegration
 from sentry_sdk.transport import Transport
 
 from durable_django import Concurrency, ConcurrencyLimitError, Engine, RunInfo, current_run
-from durable_django.observability import Observer, RunFilter, forget, observe
+from durable_django.observability import Observer, RunFilter, ask_again, forget, observe
 from durable_django.testing import run_until_idle
 
 RUN_FIELDS = {
@@ -310,6 +310,7 @@ def exporter() -> InMemorySpanExporter:
     assert isinstance(provider, TracerProvider)
     exporter = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    ask_again()  # the span observer sees the provider at once
     return exporter
 
 
