@@ -152,8 +152,8 @@ class Observer:
     def step_failed(self, step: StepEvent) -> None:
         """A step attempt failed (its exception being handled)."""
 
-    def refused(self, start: str, error: ConcurrencyLimitError) -> None:
-        """A start of workflow ``start`` was refused, ``error`` explained."""
+    def refused(self, workflow: str, error: ConcurrencyLimitError) -> None:
+        """A start of ``workflow`` was refused, ``error`` explained."""
 
     def subscriber_skipped(
         self, event: str, event_id: str | None, workflow: str, error: Exception
@@ -360,7 +360,7 @@ def watched(turn: TurnEvent, body: Callable[..., _T]) -> Callable[..., _T]:
     def run_body(*args: Any) -> _T:
         try:
             return body(*args)
-        except Exception as error:
+        except BaseException as error:  # read only when the run failed
             turn.error = error
             raise
 
