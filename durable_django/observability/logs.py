@@ -116,6 +116,8 @@ class _TurnLog:
 
     def __exit__(self, *exited: object) -> None:
         turn = self.turn
+        if turn.outcome not in ("failed", "lease_lost"):
+            return
         run = turn.run
         extra = run_fields(run, None, run.attempt)
         if turn.outcome == "failed":
