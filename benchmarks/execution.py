@@ -739,7 +739,7 @@ def main() -> None:
         ("procrastinate", "plain", ""),
         ("floor", "plain", " (the best this many commits allow)"),
         ("durable", "floor", " (how close to it)"),
-        ("durable", "before", " (no instrumentation, against the code before)"),
+        ("durable", "before", " (no instrumentation)"),
         ("otel", "durable", " (OTel on, against off)"),
     ):
         if numerator not in measured or denominator not in measured:
