@@ -27,6 +27,7 @@ from django.db import DatabaseError, connections
 from django.db import transaction as db_transaction
 from django.utils import timezone
 
+from . import metrics
 from .concurrency import ConcurrencyOption
 from .db import (
     close_connections,
@@ -390,6 +391,7 @@ class Context:
         """Record a step's failed ``attempt``: suspend until the next one is due while
         ``retries`` remain, else raise :class:`StepError`."""
         failure = {**error_payload(error), "attempts": attempt, "retry_at": None}
+        metrics.step_failed(self.run.workflow, retrying=attempt <= retries)
         if attempt <= retries:
             wake_at = timezone.now() + datetime.timedelta(
                 seconds=_backoff_seconds(backoff, attempt)
@@ -818,6 +820,7 @@ def execute_run(engine: Engine, run_id: str) -> bool:
     if claimed is None:
         return False
     run, steps = claimed
+    metrics.run_claimed(run, steps, now)
     definition = engine.registry.get(run.workflow, run.version)
     if definition is None or definition.body is None:
         store.transition(
@@ -840,6 +843,7 @@ def execute_run(engine: Engine, run_id: str) -> bool:
         with _lease_kept(engine, context, config.lease_seconds):
             status, fields = _run_body(definition.body, context)
     except LeaseLost:
+        metrics.lease_lost(run.workflow)
         return True
     except DatabaseLost as lost:
         _hand_back(engine, run, owner, str(lost))

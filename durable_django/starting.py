@@ -46,7 +46,7 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from . import concurrency as quotas
-from . import estimates, tickets, waiting
+from . import estimates, metrics, tickets, waiting
 from .errors import ConcurrencyLimitError, DurableError, RunFailed
 from .limits import text_lengths
 from .records import NewRun, RunRecord
@@ -140,7 +140,10 @@ def start(
 
     if not seconds:
         return attempt()
-    return waiting.start_waiting(engine.store, [quota.key for quota in resolved], seconds, attempt)
+    with metrics.waited(definition.name):
+        return waiting.start_waiting(
+            engine.store, [quota.key for quota in resolved], seconds, attempt
+        )
 
 
 async def astart(
@@ -175,9 +178,10 @@ async def astart(
     attempt = sync_to_async(admit_presenting)
     if not seconds:
         return await attempt()
-    return await waiting.astart_waiting(
-        engine.store, [quota.key for quota in resolved], seconds, attempt
-    )
+    with metrics.waited(definition.name):
+        return await waiting.astart_waiting(
+            engine.store, [quota.key for quota in resolved], seconds, attempt
+        )
 
 
 class Presented:
@@ -298,6 +302,7 @@ def retry(
     except ConcurrencyLimitError as error:
         _refused(engine, run.workflow, error, resolved)
         raise
+    metrics.start_decided(run.workflow, "admitted")
     engine.send(run_id, run.queue)
     return RunHandle(engine, run_id, run.workflow, True)
 
@@ -425,6 +430,7 @@ def admit_many(
             refused.append((index, outcome))
             handles.append(None)
             continue
+        metrics.start_decided(run.workflow, "admitted" if outcome.created else "existing")
         if outcome.created:
             created.append(run)
         handles.append(RunHandle(engine, run.run_id, outcome.workflow, outcome.created))
@@ -465,6 +471,7 @@ def _refused_many(
                 shared[what] = error.estimate
         if line is not None and line.holding and quota.fair_window is not None:
             _keep_line(engine, error, quota, line, give_ticket=False)
+        metrics.start_decided(workflow, "refused", refusal_reason(error))
         send_signal(run_refused, type(engine), engine=engine, workflow=workflow, error=error)
 
 
@@ -523,6 +530,7 @@ def admit(
     except ConcurrencyLimitError as error:
         _refused(engine, run.workflow, error, resolved, give_ticket=ticket is not False)
         raise
+    metrics.start_decided(run.workflow, "admitted" if outcome.created else "existing")
     if outcome.created:
         engine.send(run.run_id, run.queue)
         _announce_started(engine, (run,))
@@ -608,7 +616,14 @@ def _refused(
     )
     if line is not None and quota is not None and quota.fair_window is not None:
         _keep_line(engine, error, quota, line, give_ticket)
+    metrics.start_decided(workflow, "refused", refusal_reason(error))
     send_signal(run_refused, type(engine), engine=engine, workflow=workflow, error=error)
+
+
+def refusal_reason(error: ConcurrencyLimitError) -> str:
+    """Why a start was refused: ``held`` when units of the limit were held for a fair
+    quota's older tickets, else ``limit``."""
+    return "held" if error.held else "limit"
 
 
 def _keep_line(

@@ -10,6 +10,7 @@ import datetime
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from . import metrics
 from .status import RunStatus
 
 if TYPE_CHECKING:
@@ -75,4 +76,6 @@ def tick(engine: Engine, now: datetime.datetime, limit: int) -> TickResult:
         for firing in fire_due(engine, now):
             if firing.claimed:
                 counts["fired" if firing.run_id else "skipped_windows"] += 1
-    return TickResult(**counts)
+    result = TickResult(**counts)
+    metrics.ticked(result)
+    return result

@@ -1,0 +1,332 @@
+"""durable_django's metrics: what each one is, and the functions the engine records them with.
+
+The metrics go to the libraries named in ``DURABLE["METRICS"]`` that are installed:
+OpenTelemetry's API (the ``otel`` extra, :mod:`durable_django.metrics.opentelemetry`) and
+prometheus_client (the ``prometheus`` extra, :mod:`durable_django.metrics.prometheus`).
+Neither is imported until the first metric is recorded, nor at all when it is not
+installed; with none of them, recording a metric is one check of an empty tuple.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib.util
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
+
+from ..concurrency import DEFAULT_CONCURRENCY_STATUSES
+from ..conf import durable_settings
+from ..db import close_stale_connections
+from ..errors import ConcurrencyLimitError
+from ..records import RunRecord, StepRecord
+
+if TYPE_CHECKING:
+    from ..engines import Engine
+    from ..tick import TickResult
+
+logger = logging.getLogger("durable_django.metrics")
+
+#: How many quota keys the gauge ``durable.quota.usage`` reports at most: the busiest.
+QUOTA_KEYS = 20
+
+#: Histogram buckets, in seconds, from a quick start to an hour-long run.
+SECONDS_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One metric: its OpenTelemetry ``name``, ``kind`` (``counter``, ``histogram`` or
+    ``gauge``), ``unit`` (UCUM, as OpenTelemetry writes it), ``description``, the
+    ``labels`` it is recorded with (OpenTelemetry attribute ``durable.<label>``,
+    Prometheus label ``<label>``) and its ``prometheus`` name."""
+
+    name: str
+    kind: str
+    unit: str
+    description: str
+    labels: tuple[str, ...]
+    prometheus: str
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        """The OpenTelemetry attribute names of :attr:`labels`."""
+        return tuple(f"durable.{label}" for label in self.labels)
+
+
+STARTS = Metric(
+    "durable.starts",
+    "counter",
+    "{start}",
+    "Starts decided under their quotas: admitted, refused, or finding their run id taken.",
+    ("workflow", "outcome", "reason"),
+    "durable_starts_total",
+)
+START_WAIT = Metric(
+    "durable.start.wait.duration",
+    "histogram",
+    "s",
+    "How long a start with wait= waited for a slot, until admitted or refused.",
+    ("workflow", "outcome"),
+    "durable_start_wait_seconds",
+)
+QUOTA_USAGE = Metric(
+    "durable.quota.usage",
+    "gauge",
+    "{unit}",
+    f"Units in use of each quota key (the {QUOTA_KEYS} busiest keys).",
+    ("key",),
+    "durable_quota_units",
+)
+RUN_DURATION = Metric(
+    "durable.run.duration",
+    "histogram",
+    "s",
+    "From a run's creation to its end: completed, failed or cancelled.",
+    ("workflow", "outcome"),
+    "durable_run_duration_seconds",
+)
+QUEUE_LAG = Metric(
+    "durable.run.queue_lag",
+    "histogram",
+    "s",
+    "From a run's creation to its first claim by a worker.",
+    ("workflow",),
+    "durable_run_queue_lag_seconds",
+)
+STEP_FAILURES = Metric(
+    "durable.step.failures",
+    "counter",
+    "{failure}",
+    "Failed step attempts: to be retried, or failing the step for good.",
+    ("workflow", "outcome"),
+    "durable_step_failures_total",
+)
+LEASE_LOSSES = Metric(
+    "durable.lease.losses",
+    "counter",
+    "{turn}",
+    "Turns stopped because their worker no longer held the run.",
+    ("workflow",),
+    "durable_lease_losses_total",
+)
+TICK_ITEMS = Metric(
+    "durable.tick.items",
+    "counter",
+    "{item}",
+    "What the tick handed on or fired, by kind (the fields of TickResult).",
+    ("kind",),
+    "durable_tick_items_total",
+)
+
+#: Every metric, in the order the documentation lists them.
+METRICS = (
+    STARTS,
+    START_WAIT,
+    QUOTA_USAGE,
+    RUN_DURATION,
+    QUEUE_LAG,
+    STEP_FAILURES,
+    LEASE_LOSSES,
+    TICK_ITEMS,
+)
+
+
+class Sink(Protocol):
+    """Where recorded metrics go: one per metrics library."""
+
+    def add(self, metric: Metric, amount: float, labels: tuple[str, ...]) -> None:
+        """Add ``amount`` to a counter."""
+
+    def record(self, metric: Metric, value: float, labels: tuple[str, ...]) -> None:
+        """Record ``value`` in a histogram."""
+
+
+#: The libraries ``DURABLE["METRICS"]`` may name, with the module each needs.
+LIBRARIES = {"opentelemetry": "opentelemetry.metrics", "prometheus": "prometheus_client"}
+
+_sinks: tuple[Sink, ...] | None = None
+
+
+def install(*sinks: Sink) -> tuple[Sink, ...] | None:
+    """Record the process's metrics to ``sinks`` from now on, in place of those
+    ``DURABLE["METRICS"]`` chooses; returns the sinks replaced (``None``: not chosen
+    yet). ``install()`` with no sink records nothing."""
+    global _sinks
+    previous, _sinks = _sinks, sinks
+    return previous
+
+
+def reset(previous: tuple[Sink, ...] | None = None) -> None:
+    """Put back the sinks :func:`install` returned (``None``: chosen again from the
+    settings at the next metric)."""
+    global _sinks
+    _sinks = previous
+
+
+def configured_libraries() -> list[str]:
+    """The libraries ``DURABLE["METRICS"]`` names, checked: a list or tuple of names of
+    :data:`LIBRARIES`."""
+    value = durable_settings()["METRICS"]
+    if not isinstance(value, list | tuple) or not all(isinstance(name, str) for name in value):
+        raise ImproperlyConfigured(
+            f"DURABLE['METRICS'] must be a list of library names, not {value!r}"
+        )
+    unknown = sorted(set(value) - set(LIBRARIES))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"DURABLE['METRICS'] names unknown metrics librar(ies) {unknown}; "
+            f"known: {sorted(LIBRARIES)}"
+        )
+    return list(value)
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is not installed
+        return False
+
+
+def _chosen() -> tuple[Sink, ...]:
+    """The sinks of the libraries ``DURABLE["METRICS"]`` names that are installed,
+    made once per process."""
+    global _sinks
+    sinks: list[Sink] = []
+    for name in configured_libraries():
+        if not _installed(LIBRARIES[name]):
+            continue
+        if name == "opentelemetry":
+            from .opentelemetry import OpenTelemetryMetrics
+
+            sinks.append(OpenTelemetryMetrics())
+        else:
+            from .prometheus import default_metrics
+
+            sinks.append(default_metrics())
+    _sinks = tuple(sinks)
+    return _sinks
+
+
+def _active() -> tuple[Sink, ...]:
+    return _chosen() if _sinks is None else _sinks
+
+
+# recording ------------------------------------------------------------------------------
+
+
+def start_decided(workflow: str, outcome: str, reason: str = "") -> None:
+    """A start's decision: ``admitted``, ``refused`` (``reason``: ``limit``, or
+    ``held`` when units held for a fair quota's older tickets made the difference), or
+    ``existing`` (its run id was taken)."""
+    for sink in _active():
+        sink.add(STARTS, 1, (workflow, outcome, reason))
+
+
+@contextlib.contextmanager
+def waited(workflow: str) -> Iterator[None]:
+    """Around a start with ``wait=``: how long it waited, ``admitted`` or ``refused``
+    (by its quota; another error records nothing)."""
+    began = time.monotonic()
+    try:
+        yield
+    except ConcurrencyLimitError:
+        _record_wait(workflow, "refused", time.monotonic() - began)
+        raise
+    _record_wait(workflow, "admitted", time.monotonic() - began)
+
+
+def _record_wait(workflow: str, outcome: str, seconds: float) -> None:
+    for sink in _active():
+        sink.record(START_WAIT, seconds, (workflow, outcome))
+
+
+def run_ended(run: RunRecord, outcome: str) -> None:
+    """``run`` ended now: ``outcome`` is its terminal status."""
+    sinks = _active()
+    if sinks and run.created_at is not None:
+        seconds = (timezone.now() - run.created_at).total_seconds()
+        for sink in sinks:
+            sink.record(RUN_DURATION, seconds, (run.workflow, outcome))
+
+
+def run_claimed(run: RunRecord, steps: Sequence[StepRecord], now: datetime.datetime) -> None:
+    """A worker claimed ``run`` at ``now``, with its recorded ``steps``: its first claim
+    when it is its first attempt and no step is recorded yet."""
+    sinks = _active()
+    if sinks and run.attempt == 1 and not steps and run.created_at is not None:
+        seconds = (now - run.created_at).total_seconds()
+        for sink in sinks:
+            sink.record(QUEUE_LAG, seconds, (run.workflow,))
+
+
+def step_failed(workflow: str, retrying: bool) -> None:
+    """A step attempt that failed: to be retried, or failing the step."""
+    for sink in _active():
+        sink.add(STEP_FAILURES, 1, (workflow, "retry" if retrying else "failed"))
+
+
+def lease_lost(workflow: str) -> None:
+    """A turn stopped because its worker no longer held the run."""
+    for sink in _active():
+        sink.add(LEASE_LOSSES, 1, (workflow,))
+
+
+def ticked(result: TickResult) -> None:
+    """What one tick did, each kind that moved."""
+    sinks = _active()
+    if not sinks:
+        return
+    for kind in result.__dataclass_fields__:
+        count = getattr(result, kind)
+        if count:
+            for sink in sinks:
+                sink.add(TICK_ITEMS, count, (kind,))
+
+
+def busiest_keys(engine: Engine | None = None, limit: int = QUOTA_KEYS) -> list[tuple[str, int]]:
+    """``[(key, units in use)]`` of the ``limit`` busiest quota keys, busiest first (of
+    the engine's namespace when it scopes its reads): one grouped count by the store.
+    What the gauge ``durable.quota.usage`` reports."""
+    if engine is None:
+        from ..engines import default_engine
+
+        engine = default_engine
+    keys = engine.store.quota_keys(DEFAULT_CONCURRENCY_STATUSES, engine.read_namespace)
+    units = sorted(
+        ((key, sum(by_workflow.values())) for key, by_workflow in keys.items()),
+        key=lambda item: (-item[1], item[0]),
+    )
+    return units[:limit]
+
+
+def observed_usage(engine: Engine | None, limit: int) -> Sequence[tuple[str, int]]:
+    """:func:`busiest_keys` for a gauge read from a collector's thread: a broken or
+    expired connection of the thread closed first, and a failure logged, reporting no
+    key, rather than raised into the collector."""
+    close_stale_connections()
+    try:
+        return busiest_keys(engine, limit)
+    except Exception:
+        logger.warning("could not read the quota usage for the metrics", exc_info=True)
+        return ()
+
+
+__all__ = [
+    "METRICS",
+    "QUOTA_KEYS",
+    "Metric",
+    "Sink",
+    "busiest_keys",
+    "install",
+    "reset",
+]
