@@ -18,6 +18,7 @@ from .errors import (
     WorkflowNotFound,
 )
 from .execution import Context
+from .observability import RunInfo, current_run
 from .starting import BatchStart, RunHandle
 from .status import RunStatus
 
@@ -34,6 +35,7 @@ __all__ = [
     "NonDeterminismError",
     "RunFailed",
     "RunHandle",
+    "RunInfo",
     "RunNotFound",
     "RunStatus",
     "RunTimeout",
@@ -42,6 +44,7 @@ __all__ = [
     "UnstorableValueError",
     "Workflow",
     "WorkflowNotFound",
+    "current_run",
     "engine",
     "workflow",
 ]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .limits import text_lengths
+from .observability import events as observing
 from .serialization import json_copy, validate_text
 from .signals import event_skipped
 from .signals import send as send_signal
@@ -65,6 +66,7 @@ def publish(engine: Engine, name: str, payload: Any, id: str | None = None) -> P
     skipped = {index: (subscribers[index].name, error) for index, error in refused.items()}
     for index in sorted(skipped):
         workflow, error = skipped[index]
+        observing.subscriber_skipped(name, id, workflow, error)
         send_signal(
             event_skipped,
             type(engine),

@@ -21,7 +21,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from django.db import DatabaseError, connections
 from django.db import transaction as db_transaction
@@ -50,6 +50,7 @@ from .limits import (
     SIGNAL_STEP_PREFIX,
     text_lengths,
 )
+from .observability import events as observing
 from .records import RunRecord, StepRecord
 from .serialization import json_copy, storable_text, validate_text
 from .starting import RunHandle, WorkflowRef
@@ -291,7 +292,9 @@ class Context:
         if attempt == 0:
             return replayed
         try:
-            result = json_copy(_outside_body(fn, *args, **kwargs), f"the result of step {name!r}")
+            with observing.step(self.run, name, attempt, "step"):
+                what = f"the result of step {name!r}"
+                result = json_copy(_outside_body(fn, *args, **kwargs), what)
         except Exception as error:
             self._fail(position, name, error, attempt, retries, backoff)
         if attempt > 1:
@@ -335,10 +338,11 @@ class Context:
             return replayed
         step = StepRecord(position, name)
         try:
-            result = self._in_transaction(step, attempt > 1, fn, args, kwargs)
+            with observing.step(self.run, name, attempt, "transaction"):
+                result = self._in_transaction(step, attempt > 1, fn, args, kwargs)
         except Exception as error:
             self._flush()
-            self._fail(position, name, error, attempt, retries, backoff)
+            self._fail(position, name, error, attempt, retries, backoff, "transaction")
         self._recorded[position] = dataclasses.replace(step, result=result)
         return result
 
@@ -387,15 +391,15 @@ class Context:
         attempt: int,
         retries: int,
         backoff: float | Callable[[int], float],
+        kind: Literal["step", "transaction"] = "step",
     ) -> NoReturn:
         """Record a step's failed ``attempt``: suspend until the next one is due while
         ``retries`` remain, else raise :class:`StepError`."""
         failure = {**error_payload(error), "attempts": attempt, "retry_at": None}
-        metrics.step_failed(self.run.workflow, retrying=attempt <= retries)
-        if attempt <= retries:
-            wake_at = timezone.now() + datetime.timedelta(
-                seconds=_backoff_seconds(backoff, attempt)
-            )
+        delay = _backoff_seconds(backoff, attempt) if attempt <= retries else None
+        observing.step_failed(self.run, name, attempt, kind, error, delay)
+        if delay is not None:
+            wake_at = timezone.now() + datetime.timedelta(seconds=delay)
             failure["retry_at"] = wake_at.isoformat()
             self._record(StepRecord(position, name, error=failure), replace=attempt > 1)
             raise Suspend({"retry": name}, wake_at) from None
@@ -809,18 +813,31 @@ def execute_run(engine: Engine, run_id: str) -> bool:
     Returns False when the run was not waiting for a worker (another took it, or it
     ended). A run whose workflow version this process does not have is ``blocked``.
     """
-    store = engine.store
     config = engine.config
     owner = worker_id()
     now = timezone.now()
     lease = datetime.timedelta(seconds=config.lease_seconds)
     claim = {"lease_owner": owner, "lease_expires_at": now + lease, "started_at": now}
     # The claim, the run and its steps at once (one round trip on PostgreSQL).
-    claimed = store.claim_run(run_id, **claim, wake_at=None)
+    claimed = engine.store.claim_run(run_id, **claim, wake_at=None)
     if claimed is None:
         return False
     run, steps = claimed
     metrics.run_claimed(run, steps, now)
+    with observing.turn(run, now) as turn:
+        turn.outcome = _turn(engine, run, steps, owner, turn)
+    return True
+
+
+def _turn(
+    engine: Engine, run: RunRecord, steps: list[StepRecord], owner: str, turn: observing.TurnEvent
+) -> str:
+    """A claimed run's turn: its body replayed, then its end written; returns how the
+    turn ended (:data:`~durable_django.observability.events.TURN_OUTCOMES`)."""
+    store = engine.store
+    config = engine.config
+    now = turn.claimed_at
+    run_id = run.run_id
     definition = engine.registry.get(run.workflow, run.version)
     if definition is None or definition.body is None:
         store.transition(
@@ -836,18 +853,17 @@ def execute_run(engine: Engine, run_id: str) -> bool:
                 f"for execution in this process"
             ),
         )
-        return True
+        return "blocked"
     context = Context(engine, run, steps, owner)
     token = current_context.set(context)
     try:
         with _lease_kept(engine, context, config.lease_seconds):
-            status, fields = _run_body(definition.body, context)
+            status, fields = _run_body(observing.watched(turn, definition.body), context)
     except LeaseLost:
-        metrics.lease_lost(run.workflow)
-        return True
+        return "lease_lost"
     except DatabaseLost as lost:
         _hand_back(engine, run, owner, str(lost))
-        return True
+        return "handed_back"
     finally:
         current_context.reset(token)
     try:
@@ -856,10 +872,11 @@ def execute_run(engine: Engine, run_id: str) -> bool:
         )
     except DatabaseLost as lost:
         _hand_back(engine, run, owner, str(lost))
-        return True
-    if finished:
-        _after_turn(engine, run, status, fields.get("wait"))
-    return True
+        return "handed_back"
+    if not finished:
+        return "lease_lost"
+    _after_turn(engine, run, status, fields.get("wait"))
+    return status
 
 
 def _write_turn_end(

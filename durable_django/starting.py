@@ -49,6 +49,7 @@ from . import concurrency as quotas
 from . import estimates, metrics, tickets, waiting
 from .errors import ConcurrencyLimitError, DurableError, RunFailed
 from .limits import text_lengths
+from .observability import events as observing
 from .records import NewRun, RunRecord
 from .registry import WorkflowDefinition, validate_tags
 from .serialization import json_copy, validate_text
@@ -140,7 +141,7 @@ def start(
 
     if not seconds:
         return attempt()
-    with metrics.waited(definition.name):
+    with observing.waiting(), metrics.waited(definition.name):
         return waiting.start_waiting(
             engine.store, [quota.key for quota in resolved], seconds, attempt
         )
@@ -178,7 +179,7 @@ async def astart(
     attempt = sync_to_async(admit_presenting)
     if not seconds:
         return await attempt()
-    with metrics.waited(definition.name):
+    with observing.waiting(), metrics.waited(definition.name):
         return await waiting.astart_waiting(
             engine.store, [quota.key for quota in resolved], seconds, attempt
         )
@@ -297,12 +298,15 @@ def retry(
     )
     option = _quota_option(definition, concurrency)
     resolved = quotas.resolve(option, run.input, run.workflow)
-    try:
-        engine.store.retry_run(run, resolved, read_namespace=engine.read_namespace)
-    except ConcurrencyLimitError as error:
-        _refused(engine, run.workflow, error, resolved)
-        raise
-    metrics.start_decided(run.workflow, "admitted")
+    with observing.start("retry", run.workflow, run.namespace, resolved) as observed:
+        try:
+            engine.store.retry_run(run, resolved, read_namespace=engine.read_namespace)
+        except ConcurrencyLimitError as error:
+            _refused(engine, run.workflow, error, resolved)
+            raise
+        if observed is not None:
+            observed.run_ids.append(run_id)
+            observed.created = 1
     engine.send(run_id, run.queue)
     return RunHandle(engine, run_id, run.workflow, True)
 
@@ -420,7 +424,29 @@ def admit_many(
             checked_id = _run_id(run_id)
         run = _new_run(config, definition, input, resolved, checked_id, tags, namespace)
         requests.append(StartRequest(run, resolved, check_existing=run_id is not None))
-    outcomes = engine.store.start_runs(requests, read_namespace=engine.read_namespace)
+    every_quota = (quota for each in quotas_of for quota in each)
+    with observing.start("batch", definition.name, namespace, every_quota, len(batch)) as observed:
+        outcomes = engine.store.start_runs(requests, read_namespace=engine.read_namespace)
+        handles, refused, created = _sorted_outcomes(engine, requests, outcomes)
+        if refused:
+            _refused_many(engine, definition.name, refused, requests)
+        if observed is not None:
+            observed.run_ids.extend(handle.run_id for handle in handles if handle is not None)
+            observed.created = len(created)
+            observed.refused.extend(error for _, error in refused)
+    if created:
+        engine.send_many([run.run_id for run in created], created[0].queue)
+        _announce_started(engine, created)
+    return BatchStart([h for h in handles if h is not None], refused, handles)
+
+
+def _sorted_outcomes(
+    engine: Engine,
+    requests: Sequence[StartRequest],
+    outcomes: Sequence[Any],
+) -> tuple[list[RunHandle | None], list[tuple[int, ConcurrencyLimitError]], list[NewRun]]:
+    """A batch's outcomes: a handle per element (``None`` where refused), the refusals by
+    index, and the runs created."""
     handles: list[RunHandle | None] = []
     refused: list[tuple[int, ConcurrencyLimitError]] = []
     created: list[NewRun] = []
@@ -430,16 +456,10 @@ def admit_many(
             refused.append((index, outcome))
             handles.append(None)
             continue
-        metrics.start_decided(run.workflow, "admitted" if outcome.created else "existing")
         if outcome.created:
             created.append(run)
         handles.append(RunHandle(engine, run.run_id, outcome.workflow, outcome.created))
-    if refused:
-        _refused_many(engine, definition.name, refused, requests)
-    if created:
-        engine.send_many([run.run_id for run in created], created[0].queue)
-        _announce_started(engine, created)
-    return BatchStart([h for h in handles if h is not None], refused, handles)
+    return handles, refused, created
 
 
 def _refused_many(
@@ -471,7 +491,7 @@ def _refused_many(
                 shared[what] = error.estimate
         if line is not None and line.holding and quota.fair_window is not None:
             _keep_line(engine, error, quota, line, give_ticket=False)
-        metrics.start_decided(workflow, "refused", refusal_reason(error))
+        observing.refused(workflow, error)
         send_signal(run_refused, type(engine), engine=engine, workflow=workflow, error=error)
 
 
@@ -519,18 +539,22 @@ def admit(
     come back with one: a child, an event's) presents none and is given none."""
     run = new_run(engine, definition, input, resolved, run_id, tags, namespace, parent_id)
     presented = {"ticket": ticket} if ticket else {}  # a store of the old contract has none
-    try:
-        outcome = engine.store.start_run(
-            run,
-            resolved,
-            check_existing=run_id is not None,
-            read_namespace=engine.read_namespace,
-            **presented,
-        )
-    except ConcurrencyLimitError as error:
-        _refused(engine, run.workflow, error, resolved, give_ticket=ticket is not False)
-        raise
-    metrics.start_decided(run.workflow, "admitted" if outcome.created else "existing")
+    kind: observing.StartKind = "start" if parent_id is None else "child"
+    with observing.start(kind, run.workflow, run.namespace, resolved) as observed:
+        try:
+            outcome = engine.store.start_run(
+                run,
+                resolved,
+                check_existing=run_id is not None,
+                read_namespace=engine.read_namespace,
+                **presented,
+            )
+        except ConcurrencyLimitError as error:
+            _refused(engine, run.workflow, error, resolved, give_ticket=ticket is not False)
+            raise
+        if observed is not None:
+            observed.run_ids.append(run.run_id)
+            observed.created = int(outcome.created)
     if outcome.created:
         engine.send(run.run_id, run.queue)
         _announce_started(engine, (run,))
@@ -616,14 +640,8 @@ def _refused(
     )
     if line is not None and quota is not None and quota.fair_window is not None:
         _keep_line(engine, error, quota, line, give_ticket)
-    metrics.start_decided(workflow, "refused", refusal_reason(error))
+    observing.refused(workflow, error)
     send_signal(run_refused, type(engine), engine=engine, workflow=workflow, error=error)
-
-
-def refusal_reason(error: ConcurrencyLimitError) -> str:
-    """Why a start was refused: ``held`` when units of the limit were held for a fair
-    quota's older tickets, else ``limit``."""
-    return "held" if error.held else "limit"
 
 
 def _keep_line(

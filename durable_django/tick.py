@@ -10,7 +10,7 @@ import datetime
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import metrics
+from .observability import events as observing
 from .status import RunStatus
 
 if TYPE_CHECKING:
@@ -77,5 +77,5 @@ def tick(engine: Engine, now: datetime.datetime, limit: int) -> TickResult:
             if firing.claimed:
                 counts["fired" if firing.run_id else "skipped_windows"] += 1
     result = TickResult(**counts)
-    metrics.ticked(result)
+    observing.ticked(result)
     return result

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from durable_django import ConcurrencyLimitError, Engine, metrics
 from durable_django.metrics.opentelemetry import OpenTelemetryMetrics
+from durable_django.observability import observers
 from durable_django.metrics.prometheus import PrometheusMetrics
 from durable_django.testing import run_until_idle
 
@@ -203,6 +204,7 @@ def test_no_library_records_nothing(memory_engine: Engine):
     previous = metrics.install()
     try:
         memory_engine.register("wf", "1", lambda ctx, i: i)
+        assert metrics.MetricsObserver not in map(type, observers())  # no cost at a start
         memory_engine.start("wf")  # nothing to record to, and nothing fails
     finally:
         metrics.reset(previous)

@@ -25,6 +25,7 @@ from ..concurrency import DEFAULT_CONCURRENCY_STATUSES
 from ..conf import durable_settings
 from ..db import close_stale_connections
 from ..errors import ConcurrencyLimitError
+from ..observability.events import Observer, StartEvent, StepEvent, TurnEvent, forget, observe
 from ..records import RunRecord, StepRecord
 
 if TYPE_CHECKING:
@@ -163,6 +164,7 @@ def install(*sinks: Sink) -> tuple[Sink, ...] | None:
     yet). ``install()`` with no sink records nothing."""
     global _sinks
     previous, _sinks = _sinks, sinks
+    _observed()
     return previous
 
 
@@ -171,6 +173,7 @@ def reset(previous: tuple[Sink, ...] | None = None) -> None:
     settings at the next metric)."""
     global _sinks
     _sinks = previous
+    _observed()
 
 
 def configured_libraries() -> list[str]:
@@ -193,8 +196,12 @@ def configured_libraries() -> list[str]:
 def _installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # its parent package is not installed
+    except (ModuleNotFoundError, ValueError):  # its parent package is not installed
         return False
+
+
+def _any_installed() -> bool:
+    return any(_installed(module) for module in LIBRARIES.values())
 
 
 def _chosen() -> tuple[Sink, ...]:
@@ -214,6 +221,7 @@ def _chosen() -> tuple[Sink, ...]:
 
             sinks.append(default_metrics())
     _sinks = tuple(sinks)
+    _observed()
     return _sinks
 
 
@@ -222,14 +230,6 @@ def _active() -> tuple[Sink, ...]:
 
 
 # recording ------------------------------------------------------------------------------
-
-
-def start_decided(workflow: str, outcome: str, reason: str = "") -> None:
-    """A start's decision: ``admitted``, ``refused`` (``reason``: ``limit``, or
-    ``held`` when units held for a fair quota's older tickets made the difference), or
-    ``existing`` (its run id was taken)."""
-    for sink in _active():
-        sink.add(STARTS, 1, (workflow, outcome, reason))
 
 
 @contextlib.contextmanager
@@ -250,6 +250,54 @@ def _record_wait(workflow: str, outcome: str, seconds: float) -> None:
         sink.record(START_WAIT, seconds, (workflow, outcome))
 
 
+class MetricsObserver(Observer):
+    """Records the metrics of the engine's moments (:mod:`durable_django.observability`):
+    a start's decision, a turn that lost its lease, a failed step attempt, a tick."""
+
+    def start(self, start: StartEvent) -> contextlib.AbstractContextManager[None]:
+        return _decided(start)
+
+    def turn(self, turn: TurnEvent) -> contextlib.AbstractContextManager[None]:
+        return _turned(turn)
+
+    def step_failed(self, step: StepEvent) -> None:
+        outcome = "failed" if step.retry_in is None else "retry"
+        for sink in _active():
+            sink.add(STEP_FAILURES, 1, (step.run.workflow, outcome))
+
+    def refused(self, start: str, error: ConcurrencyLimitError) -> None:
+        reason = "held" if error.held else "limit"
+        for sink in _active():
+            sink.add(STARTS, 1, (start, "refused", reason))
+
+    def ticked(self, result: TickResult) -> None:
+        sinks = _active()
+        for kind in result.__dataclass_fields__:
+            count = getattr(result, kind)
+            for sink in sinks if count else ():
+                sink.add(TICK_ITEMS, count, (kind,))
+
+
+@contextlib.contextmanager
+def _decided(start: StartEvent) -> Iterator[None]:
+    """The runs a start admitted, once decided: created, or found (``existing``). Its
+    refusals are counted as they are announced (:meth:`MetricsObserver.refused`)."""
+    yield
+    found = len(start.run_ids) - start.created
+    for sink in _active():
+        for outcome, count in (("admitted", start.created), ("existing", found)):
+            if count:
+                sink.add(STARTS, count, (start.workflow, outcome, ""))
+
+
+@contextlib.contextmanager
+def _turned(turn: TurnEvent) -> Iterator[None]:
+    yield
+    if turn.outcome == "lease_lost":
+        for sink in _active():
+            sink.add(LEASE_LOSSES, 1, (turn.run.workflow,))
+
+
 def run_ended(run: RunRecord, outcome: str) -> None:
     """``run`` ended now: ``outcome`` is its terminal status."""
     sinks = _active()
@@ -267,30 +315,6 @@ def run_claimed(run: RunRecord, steps: Sequence[StepRecord], now: datetime.datet
         seconds = (now - run.created_at).total_seconds()
         for sink in sinks:
             sink.record(QUEUE_LAG, seconds, (run.workflow,))
-
-
-def step_failed(workflow: str, retrying: bool) -> None:
-    """A step attempt that failed: to be retried, or failing the step."""
-    for sink in _active():
-        sink.add(STEP_FAILURES, 1, (workflow, "retry" if retrying else "failed"))
-
-
-def lease_lost(workflow: str) -> None:
-    """A turn stopped because its worker no longer held the run."""
-    for sink in _active():
-        sink.add(LEASE_LOSSES, 1, (workflow,))
-
-
-def ticked(result: TickResult) -> None:
-    """What one tick did, each kind that moved."""
-    sinks = _active()
-    if not sinks:
-        return
-    for kind in result.__dataclass_fields__:
-        count = getattr(result, kind)
-        if count:
-            for sink in sinks:
-                sink.add(TICK_ITEMS, count, (kind,))
 
 
 def busiest_keys(engine: Engine | None = None, limit: int = QUOTA_KEYS) -> list[tuple[str, int]]:
@@ -321,10 +345,23 @@ def observed_usage(engine: Engine | None, limit: int) -> Sequence[tuple[str, int
         return ()
 
 
+_OBSERVER = MetricsObserver()
+
+
+def _observed() -> None:
+    """The observer in place while metrics may be recorded: sinks installed or chosen,
+    or (not chosen yet: the settings are read at the first moment) a library installed."""
+    recording = _any_installed() if _sinks is None else bool(_sinks)
+    (observe if recording else forget)(_OBSERVER)
+
+
+_observed()
+
 __all__ = [
     "METRICS",
     "QUOTA_KEYS",
     "Metric",
+    "MetricsObserver",
     "Sink",
     "busiest_keys",
     "install",

@@ -1,0 +1,400 @@
+"""The observability seam: the moments of the engine that logs, spans and metrics see.
+
+The engine calls this module, and only this module, at the moments that matter; what
+observes them plugs in here as an :class:`Observer` (:func:`observe`). The log lines
+(:mod:`~durable_django.observability.logs`) and the OpenTelemetry spans
+(:mod:`~durable_django.observability.spans`, when ``opentelemetry-api`` is installed)
+are two such observers; metrics may be a third.
+
+The contract, for an observer:
+
+- **Around** a moment (a context manager, entered before, exited after; the engine's code
+  runs inside, so a span made current there is the parent of what it does, the database
+  statements of a start included):
+
+  - :meth:`Observer.start`: a start's admission in the store, single (``kind``
+    ``"start"``, ``"child"``, ``"retry"``) or a batch (``"batch"``), with its
+    :class:`StartEvent` (workflow, namespace, quotas: keys, limits, weights; the seconds
+    already ``waited`` by a start with ``wait=``). When the block exits the decision is
+    filled in: ``run_ids`` and ``created`` for the admitted runs (an idempotent re-start
+    is admitted, not created), ``refused`` for the refusals, each a
+    :class:`~durable_django.ConcurrencyLimitError` with its ``active`` and its
+    ``retry_after`` already explained. Any other exception passes through the block.
+  - :meth:`Observer.turn`: a worker's turn of a run, from just after the claim to the
+    end written (:class:`TurnEvent`: the run as claimed, ``claimed_at``). On exit,
+    ``outcome`` is one of :data:`TURN_OUTCOMES`, and ``error`` the exception that failed
+    the run when it was raised in this turn (``None`` for a failure replayed from the
+    record, or one of the turn's end).
+  - :meth:`Observer.step`: one attempt of a step's function (:class:`StepEvent`:
+    the turn, the step's name, ``attempt``, ``kind`` ``"step"`` or ``"transaction"``),
+    around the user's code only. An exception of the function passes through the block,
+    as it was raised.
+
+- **At** a moment (a plain call):
+
+  - :meth:`Observer.step_failed`: a step attempt failed, with what happens next
+    (:class:`StepEvent` with ``error``, and ``retry_in``: the seconds until the next
+    attempt, ``None`` when the step has failed for good and raises ``StepError`` into
+    the body). Called while the exception is handled, so ``sys.exc_info()`` is it.
+  - :meth:`Observer.refused`: a start refused, once its ``retry_after`` is explained
+    (for each refusal of a batch too).
+  - :meth:`Observer.subscriber_skipped`: an event's subscriber not started (refused, or
+    its quota could not be resolved on the payload).
+  - :meth:`Observer.ticked`: what one tick did (a ``TickResult``).
+
+An observer's method that raises is logged (logger ``durable_django.observability``) and
+does not change what the engine does. Methods run in the engine's thread, inside its
+transaction where there is one (a start's): keep them quick, and never write to the
+database.
+
+Cost: the engine asks for a moment's observation only from the observers that override
+its method (:func:`observe` sorts them once); with none, a call returns a shared no-op
+at once and builds no event. The log observer overrides only the failure moments, so the
+happy path pays for nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+
+from ..errors import ConcurrencyLimitError
+from ..records import RunRecord
+
+if TYPE_CHECKING:
+    from ..concurrency import Quota
+
+logger = logging.getLogger("durable_django.observability")
+
+_T = TypeVar("_T")
+
+#: How a turn ends: the run's status after it (``completed``, ``failed``, ``suspended``),
+#: ``blocked`` (its version is not registered here), ``handed_back`` (the database went
+#: away; the run is pending again, or will be once its lease lapses), ``lease_lost``
+#: (cancelled, or handed on after this worker stalled: the turn recorded nothing more).
+TURN_OUTCOMES = ("completed", "failed", "suspended", "blocked", "handed_back", "lease_lost")
+
+StartKind = Literal["start", "child", "retry", "batch"]
+
+
+@dataclass(slots=True, eq=False)
+class StartEvent:
+    """A start's admission; the decision is filled in before the block exits."""
+
+    kind: StartKind
+    workflow: str
+    namespace: str
+    #: The quotas checked, one per key (for a batch, the first element's quota of each key).
+    quotas: tuple[Quota, ...]
+    #: How many runs the start asks for (a batch's size; 1 otherwise).
+    size: int = 1
+    #: Seconds a start with ``wait=`` had already waited before this attempt.
+    waited: float = 0.0
+    #: The ids of the runs admitted (created, or found by an idempotent re-start).
+    run_ids: list[str] = field(default_factory=list)
+    #: How many of them this start created.
+    created: int = 0
+    refused: list[ConcurrencyLimitError] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class TurnEvent:
+    """A worker's turn of a run; ``outcome`` and ``error`` are filled in by its end."""
+
+    run: RunRecord
+    claimed_at: datetime
+    outcome: str = ""
+    error: BaseException | None = None
+
+
+@dataclass(slots=True, eq=False)
+class StepEvent:
+    """One attempt of a step; ``error`` and ``retry_in`` are set when it failed."""
+
+    run: RunRecord
+    name: str
+    attempt: int
+    kind: Literal["step", "transaction"]
+    error: BaseException | None = None
+    retry_in: float | None = None
+
+
+class Observer:
+    """What observes the engine: override the methods for the moments you want (the
+    others cost nothing), and :func:`observe` an instance. A method around a moment
+    returns a context manager, or ``None`` to let this one pass."""
+
+    def start(self, start: StartEvent) -> contextlib.AbstractContextManager[Any] | None:
+        """Around a start's admission."""
+        return None
+
+    def turn(self, turn: TurnEvent) -> contextlib.AbstractContextManager[Any] | None:
+        """Around a worker's turn, from the claim to the end written."""
+        return None
+
+    def step(self, step: StepEvent) -> contextlib.AbstractContextManager[Any] | None:
+        """Around one attempt of a step's function."""
+        return None
+
+    def step_failed(self, step: StepEvent) -> None:
+        """A step attempt failed (its exception being handled)."""
+
+    def refused(self, start: str, error: ConcurrencyLimitError) -> None:
+        """A start of workflow ``start`` was refused, ``error`` explained."""
+
+    def subscriber_skipped(
+        self, event: str, event_id: str | None, workflow: str, error: Exception
+    ) -> None:
+        """An event's subscriber ``workflow`` was not started."""
+
+    def ticked(self, result: Any) -> None:
+        """A tick ended (``result``: its ``TickResult``)."""
+
+
+_MOMENTS = ("start", "turn", "step", "step_failed", "refused", "subscriber_skipped", "ticked")
+
+
+class _Hooks:
+    """The observers' methods, per moment, of the observers that override it."""
+
+    observers: ClassVar[list[Observer]] = []
+    start: ClassVar[tuple[Callable[[StartEvent], Any], ...]] = ()
+    turn: ClassVar[tuple[Callable[[TurnEvent], Any], ...]] = ()
+    step: ClassVar[tuple[Callable[[StepEvent], Any], ...]] = ()
+    step_failed: ClassVar[tuple[Callable[[StepEvent], None], ...]] = ()
+    refused: ClassVar[tuple[Callable[[str, ConcurrencyLimitError], None], ...]] = ()
+    subscriber_skipped: ClassVar[tuple[Callable[..., None], ...]] = ()
+    ticked: ClassVar[tuple[Callable[[Any], None], ...]] = ()
+
+    @classmethod
+    def sort(cls) -> None:
+        for moment in _MOMENTS:
+            base = getattr(Observer, moment)
+            methods = tuple(
+                getattr(observer, moment)
+                for observer in cls.observers
+                if getattr(type(observer), moment) is not base
+            )
+            setattr(cls, moment, methods)
+
+
+def observe(observer: Observer) -> Observer:
+    """Make ``observer`` see the engine's moments in this process (once; returns it)."""
+    if observer not in _Hooks.observers:
+        _Hooks.observers = [*_Hooks.observers, observer]
+        _Hooks.sort()
+    return observer
+
+
+def forget(observer: Observer) -> None:
+    """Stop ``observer`` seeing the engine's moments."""
+    _Hooks.observers = [o for o in _Hooks.observers if o is not observer]
+    _Hooks.sort()
+
+
+def observers() -> tuple[Observer, ...]:
+    """The observers in place, in the order they were added."""
+    return tuple(_Hooks.observers)
+
+
+class _Around:
+    """Enters the context managers the observers gave for one moment, in order, and exits
+    them in reverse; an observer's error is logged, never raised into the engine."""
+
+    __slots__ = ("entered", "event", "hooks")
+
+    def __init__(self, hooks: Sequence[Callable[[Any], Any]], event: Any) -> None:
+        self.hooks = hooks
+        self.event = event
+        self.entered: list[contextlib.AbstractContextManager[Any]] = []
+
+    def __enter__(self) -> Any:
+        for hook in self.hooks:
+            try:
+                manager = hook(self.event)
+                if manager is not None:
+                    manager.__enter__()
+                    self.entered.append(manager)
+            except Exception:
+                logger.exception("observer %r failed", hook)
+        return self.event
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if isinstance(error, ConcurrencyLimitError) and isinstance(self.event, StartEvent):
+            self.event.refused.append(error)
+        for manager in reversed(self.entered):
+            try:
+                manager.__exit__(kind, error, trace)
+            except Exception:
+                logger.exception("observer %r failed", manager)
+
+
+_UNOBSERVED: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+#: A start with ``wait=``: when it began (``time.monotonic()``), while it waits.
+_waiting_since: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "durable_django_waiting_since", default=None
+)
+
+
+def start(
+    kind: StartKind, workflow: str, namespace: str, quotas: Iterable[Quota], size: int = 1
+) -> contextlib.AbstractContextManager[StartEvent | None]:
+    """Around a start's admission under ``quotas`` (a batch's: every element's, read only
+    when observed); yields its :class:`StartEvent` to fill in, or ``None`` when nothing
+    observes starts."""
+    if not _Hooks.start:
+        return _UNOBSERVED
+    since = _waiting_since.get()
+    waited = 0.0 if since is None else time.monotonic() - since
+    first: dict[str, Quota] = {}
+    for quota in quotas:
+        first.setdefault(quota.key, quota)
+    event = StartEvent(kind, workflow, namespace, tuple(first.values()), size, waited)
+    return _Around(_Hooks.start, event)
+
+
+@contextlib.contextmanager
+def waiting() -> Any:
+    """Around a start with ``wait=``: its attempts' events say how long it has waited."""
+    token = _waiting_since.set(time.monotonic())
+    try:
+        yield
+    finally:
+        _waiting_since.reset(token)
+
+
+def turn(run: RunRecord, claimed_at: datetime) -> contextlib.AbstractContextManager[TurnEvent]:
+    """Around a worker's turn of ``run``: yields its :class:`TurnEvent`, to fill in with
+    its outcome. Inside, :func:`~durable_django.current_run` tells the run."""
+    return _Turn(TurnEvent(run, claimed_at))
+
+
+class _Turn(_Around):
+    __slots__ = ("token",)
+
+    def __init__(self, event: TurnEvent) -> None:
+        super().__init__(_Hooks.turn, event)
+
+    def __enter__(self) -> TurnEvent:
+        self.token = _running.set((self.event.run, None, self.event.run.attempt))
+        return super().__enter__()  # type: ignore[no-any-return]
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        try:
+            super().__exit__(kind, error, trace)
+        finally:
+            _running.reset(self.token)
+
+
+def watched(turn: TurnEvent, body: Callable[..., _T]) -> Callable[..., _T]:
+    """``body``, noting on ``turn`` the exception it raises (which the turn then catches
+    and records), so that its observers see the live exception, with its frames."""
+
+    def run_body(*args: Any) -> _T:
+        try:
+            return body(*args)
+        except Exception as error:
+            turn.error = error
+            raise
+
+    return run_body
+
+
+def step(
+    run: RunRecord, name: str, attempt: int, kind: Literal["step", "transaction"]
+) -> contextlib.AbstractContextManager[Any]:
+    """Around one attempt of a step's function (the user's code). Inside,
+    :func:`~durable_django.current_run` tells the run and the step."""
+    return _Step(StepEvent(run, name, attempt, kind))
+
+
+class _Step(_Around):
+    __slots__ = ("token",)
+
+    def __init__(self, event: StepEvent) -> None:
+        super().__init__(_Hooks.step, event)
+
+    def __enter__(self) -> StepEvent:
+        event: StepEvent = self.event
+        self.token = _running.set((event.run, event.name, event.attempt))
+        return super().__enter__()  # type: ignore[no-any-return]
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        try:
+            super().__exit__(kind, error, trace)
+        finally:
+            _running.reset(self.token)
+
+
+def step_failed(
+    run: RunRecord,
+    name: str,
+    attempt: int,
+    kind: Literal["step", "transaction"],
+    error: BaseException,
+    retry_in: float | None,
+) -> None:
+    """A step attempt failed; call it while ``error`` is being handled."""
+    if _Hooks.step_failed:
+        _each(_Hooks.step_failed, StepEvent(run, name, attempt, kind, error, retry_in))
+
+
+def refused(workflow: str, error: ConcurrencyLimitError) -> None:
+    """A start of ``workflow`` was refused, and ``error`` explained."""
+    if _Hooks.refused:
+        _each(_Hooks.refused, workflow, error)
+
+
+def subscriber_skipped(event: str, event_id: str | None, workflow: str, error: Exception) -> None:
+    """An event's subscriber ``workflow`` was not started, for ``error``."""
+    if _Hooks.subscriber_skipped:
+        _each(_Hooks.subscriber_skipped, event, event_id, workflow, error)
+
+
+def ticked(result: Any) -> None:
+    """A tick ended with ``result``."""
+    if _Hooks.ticked:
+        _each(_Hooks.ticked, result)
+
+
+def _each(hooks: Sequence[Callable[..., Any]], *arguments: Any) -> None:
+    for hook in hooks:
+        try:
+            hook(*arguments)
+        except Exception:
+            logger.exception("observer %r failed", hook)
+
+
+#: The run (and step, attempt) the code running in this thread or task works for.
+_running: contextvars.ContextVar[tuple[RunRecord, str | None, int] | None] = contextvars.ContextVar(
+    "durable_django_running", default=None
+)
+
+
+def running() -> tuple[RunRecord, str | None, int] | None:
+    """The run, the step's name (``None`` in the body) and the attempt the current code
+    works for, or ``None`` outside a run."""
+    return _running.get()
