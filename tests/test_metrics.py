@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from durable_django import ConcurrencyLimitError, Engine, metrics
 from durable_django.metrics.opentelemetry import OpenTelemetryMetrics
-from durable_django.observability import observers
 from durable_django.metrics.prometheus import PrometheusMetrics
+from durable_django.observability import observers
 from durable_django.testing import run_until_idle
 
 QUOTA = {"key": lambda i: "k", "limit": 1}
