@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.test import override_settings
+from django.test import RequestFactory, override_settings
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry, generate_latest
@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from durable_django import ConcurrencyLimitError, Engine, metrics
 from durable_django.metrics.opentelemetry import OpenTelemetryMetrics
-from durable_django.metrics.prometheus import PrometheusMetrics
+from durable_django.metrics.prometheus import PrometheusMetrics, metrics_view
 from durable_django.observability import observers
 from durable_django.testing import run_until_idle
 
@@ -231,3 +231,25 @@ def test_the_setting_chooses_the_libraries():
             assert isinstance(sink, OpenTelemetryMetrics)
     finally:
         metrics.reset(previous)
+
+
+def test_the_view_serves_the_default_registry(orm_engine: Engine):
+    """Outside multiprocess mode, ``metrics_view`` serves prometheus_client's default
+    registry, where the metrics ``DURABLE["METRICS"]`` chose are registered."""
+    previous = metrics.install()
+    try:
+        metrics.reset()  # chosen from the settings: both libraries, the default registry
+        orm_engine.register("served", "1", lambda ctx, i: i)
+        orm_engine.start("served")
+        response = metrics_view(RequestFactory().get("/metrics"))
+    finally:
+        metrics.reset(previous)
+    assert response["Content-Type"].startswith("text/plain")
+    samples = [
+        (sample.name, sample.labels, sample.value)
+        for family in text_string_to_metric_families(response.content.decode())
+        for sample in family.samples
+        if sample.name == "durable_starts_total" and sample.labels["workflow"] == "served"
+    ]
+    labels = {"workflow": "served", "outcome": "admitted", "reason": ""}
+    assert samples == [("durable_starts_total", labels, 1.0)]

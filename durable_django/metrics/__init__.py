@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from ..concurrency import DEFAULT_CONCURRENCY_STATUSES
 from ..conf import durable_settings
-from ..db import close_stale_connections
+from ..db import close_connections
 from ..errors import ConcurrencyLimitError
 from ..observability.events import Observer, StartEvent, StepEvent, TurnEvent, forget, observe
 from ..records import RunRecord, StepRecord
@@ -334,15 +334,17 @@ def busiest_keys(engine: Engine | None = None, limit: int = QUOTA_KEYS) -> list[
 
 
 def observed_usage(engine: Engine | None, limit: int) -> Sequence[tuple[str, int]]:
-    """:func:`busiest_keys` for a gauge read from a collector's thread: a broken or
-    expired connection of the thread closed first, and a failure logged, reporting no
-    key, rather than raised into the collector."""
-    close_stale_connections()
+    """:func:`busiest_keys` as a collector reads it, from whichever thread collects (an
+    exporter's, a scrape's): a failure is logged and reports no key, and the thread's
+    connections are closed after (outside a transaction), so that a thread which never
+    comes back to the database, or a scrape's, keeps none open."""
     try:
         return busiest_keys(engine, limit)
     except Exception:
         logger.warning("could not read the quota usage for the metrics", exc_info=True)
         return ()
+    finally:
+        close_connections()
 
 
 _OBSERVER = MetricsObserver()
