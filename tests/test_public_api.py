@@ -48,6 +48,15 @@ def test_no_error_is_defined_outside_errors():
                 ), name
 
 
+def test_the_run_for_user_code_is_exported():
+    from durable_django import observability
+
+    assert {"current_run", "RunInfo"} <= set(durable_django.__all__)
+    assert durable_django.current_run is observability.current_run
+    assert durable_django.RunInfo is observability.RunInfo
+    assert durable_django.current_run() is None
+
+
 def test_the_old_import_paths_still_work():
     assert execution.StepError is durable_django.StepError
     assert execution.SignalTimeout is durable_django.SignalTimeout

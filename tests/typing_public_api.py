@@ -24,8 +24,10 @@ from durable_django import (
     Context,
     Engine,
     RunHandle,
+    RunInfo,
     RunStatus,
     Workflow,
+    current_run,
     workflow,
 )
 from durable_django.concurrency import Quota
@@ -56,6 +58,18 @@ from durable_django.limits import (
     text_lengths,
 )
 from durable_django.models import Schedule, ScheduleQuerySet, column_errors
+from durable_django.observability import RunFilter, ask_again
+from durable_django.observability.events import (
+    READY_CHECK_SECONDS,
+    TURN_OUTCOMES,
+    Observer,
+    StartEvent,
+    StepEvent,
+    TurnEvent,
+    forget,
+    observe,
+    observers,
+)
 from durable_django.retention import PurgeResult, active_ancestors
 from durable_django.schedules import (
     Firing,
@@ -114,6 +128,12 @@ class Report(BaseWorkflow):
 )
 def turn(ctx: Context, input: Any) -> Any:
     return None
+
+
+def in_a_step() -> str | None:
+    run = current_run()
+    assert_type(run, RunInfo | None)
+    return None if run is None else run.step
 
 
 def declared() -> None:

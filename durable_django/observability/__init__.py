@@ -17,10 +17,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from .events import Observer, forget, observe, observers, running
+from .events import Observer, ask_again, forget, observe, observers, running
 from .logs import LogObserver, run_fields
 
-__all__ = ["Observer", "RunFilter", "RunInfo", "current_run", "forget", "observe", "observers"]
+__all__ = [
+    "Observer",
+    "RunFilter",
+    "RunInfo",
+    "ask_again",
+    "current_run",
+    "forget",
+    "observe",
+    "observers",
+]
 
 
 @dataclass(frozen=True, slots=True)

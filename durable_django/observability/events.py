@@ -131,6 +131,12 @@ class Observer:
     others cost nothing), and :func:`observe` an instance. A method around a moment
     returns a context manager, or ``None`` to let this one pass."""
 
+    def ready(self) -> bool:
+        """Whether the observer has anything to do yet (an exporter, a provider set).
+        One that is not is asked again at most once a :data:`READY_CHECK_SECONDS`,
+        before a start, turn or step, and costs nothing else until it says yes."""
+        return True
+
     def start(self, start: StartEvent) -> contextlib.AbstractContextManager[Any] | None:
         """Around a start's admission."""
         return None
@@ -161,10 +167,17 @@ class Observer:
 _MOMENTS = ("start", "turn", "step", "step_failed", "refused", "subscriber_skipped", "ticked")
 
 
+#: How often an observer not yet :meth:`~Observer.ready` is asked again.
+READY_CHECK_SECONDS = 1.0
+
+
 class _Hooks:
-    """The observers' methods, per moment, of the observers that override it."""
+    """The observers' methods, per moment, of the ready observers that override it."""
 
     observers: ClassVar[list[Observer]] = []
+    #: Observers added but not ready yet, and when to ask them again.
+    waiting: ClassVar[list[Observer]] = []
+    ask_at: ClassVar[float] = 0.0
     start: ClassVar[tuple[Callable[[StartEvent], Any], ...]] = ()
     turn: ClassVar[tuple[Callable[[TurnEvent], Any], ...]] = ()
     step: ClassVar[tuple[Callable[[StepEvent], Any], ...]] = ()
@@ -175,27 +188,59 @@ class _Hooks:
 
     @classmethod
     def sort(cls) -> None:
+        ready = [o for o in cls.observers if o not in cls.waiting]
         for moment in _MOMENTS:
             base = getattr(Observer, moment)
             methods = tuple(
                 getattr(observer, moment)
-                for observer in cls.observers
+                for observer in ready
                 if getattr(type(observer), moment) is not base
             )
             setattr(cls, moment, methods)
+
+    @classmethod
+    def ask_waiting(cls) -> None:
+        """Ask the observers not ready yet again, if it is time."""
+        now = time.monotonic()
+        if now < cls.ask_at:
+            return
+        cls.ask_at = now + READY_CHECK_SECONDS
+        still = [o for o in cls.waiting if not _ready(o)]
+        if len(still) != len(cls.waiting):
+            cls.waiting = still
+            cls.sort()
+
+
+def _ready(observer: Observer) -> bool:
+    try:
+        return observer.ready()
+    except Exception:
+        logger.exception("observer %r failed", observer)
+        return False
 
 
 def observe(observer: Observer) -> Observer:
     """Make ``observer`` see the engine's moments in this process (once; returns it)."""
     if observer not in _Hooks.observers:
         _Hooks.observers = [*_Hooks.observers, observer]
+        if not _ready(observer):
+            _Hooks.waiting = [*_Hooks.waiting, observer]
+            _Hooks.ask_at = time.monotonic() + READY_CHECK_SECONDS
         _Hooks.sort()
     return observer
+
+
+def ask_again() -> None:
+    """Ask the observers not ready yet whether they are, now (say, just after setting a
+    tracer provider), instead of within :data:`READY_CHECK_SECONDS`."""
+    _Hooks.ask_at = 0.0
+    _Hooks.ask_waiting()
 
 
 def forget(observer: Observer) -> None:
     """Stop ``observer`` seeing the engine's moments."""
     _Hooks.observers = [o for o in _Hooks.observers if o is not observer]
+    _Hooks.waiting = [o for o in _Hooks.waiting if o is not observer]
     _Hooks.sort()
 
 
@@ -255,6 +300,8 @@ def start(
     """Around a start's admission under ``quotas`` (a batch's: every element's, read only
     when observed); yields its :class:`StartEvent` to fill in, or ``None`` when nothing
     observes starts."""
+    if _Hooks.waiting:
+        _Hooks.ask_waiting()
     if not _Hooks.start:
         return _UNOBSERVED
     since = _waiting_since.get()
@@ -279,6 +326,8 @@ def waiting() -> Any:
 def turn(run: RunRecord, claimed_at: datetime) -> contextlib.AbstractContextManager[TurnEvent]:
     """Around a worker's turn of ``run``: yields its :class:`TurnEvent`, to fill in with
     its outcome. Inside, :func:`~durable_django.current_run` tells the run."""
+    if _Hooks.waiting:
+        _Hooks.ask_waiting()
     return _Turn(TurnEvent(run, claimed_at))
 
 
@@ -323,6 +372,8 @@ def step(
 ) -> contextlib.AbstractContextManager[Any]:
     """Around one attempt of a step's function (the user's code). Inside,
     :func:`~durable_django.current_run` tells the run and the step."""
+    if _Hooks.waiting:
+        _Hooks.ask_waiting()
     return _Step(StepEvent(run, name, attempt, kind))
 
 

@@ -1,8 +1,8 @@
 """OpenTelemetry spans of starts, turns and steps, from the seam (:mod:`.events`).
 
 Imported only when ``opentelemetry-api`` is installed (the ``otel`` extra), and silent
-until the project sets a tracer provider (the SDK's, or a distribution's): with the API's
-default provider, each moment costs one check and makes no span.
+until the project sets a tracer provider (the SDK's, or a distribution's): until then
+the seam asks once a second whether one was set, and the moments cost nothing more.
 
 - ``durable.start <workflow>`` (``PRODUCER``; a batch's ``durable.start_many``), around
   the admission in the store: the quotas checked (``durable.quota.keys``, ``.limits``,
@@ -38,11 +38,6 @@ tracer = trace.get_tracer("durable_django")
 SYSTEM = {"messaging.system": "durable_django"}
 
 
-def _off() -> bool:
-    """Whether no tracer provider was set: spans would all be dropped."""
-    return isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
-
-
 def _run_attributes(run: RunRecord) -> dict[str, Any]:
     return {
         **SYSTEM,
@@ -58,15 +53,17 @@ def _run_attributes(run: RunRecord) -> dict[str, Any]:
 class SpanObserver(Observer):
     """Makes the spans of starts, turns and steps (see the module's docstring)."""
 
-    def start(self, start: StartEvent) -> contextlib.AbstractContextManager[Any] | None:
-        return None if _off() else _start_span(start)
+    def ready(self) -> bool:
+        # Until a provider is set, every span would be dropped. It is set once.
+        return not isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
 
-    def turn(self, turn: TurnEvent) -> contextlib.AbstractContextManager[Any] | None:
-        return None if _off() else _turn_span(turn)
+    def start(self, start: StartEvent) -> contextlib.AbstractContextManager[Any]:
+        return _start_span(start)
 
-    def step(self, step: StepEvent) -> contextlib.AbstractContextManager[Any] | None:
-        if _off():
-            return None
+    def turn(self, turn: TurnEvent) -> contextlib.AbstractContextManager[Any]:
+        return _turn_span(turn)
+
+    def step(self, step: StepEvent) -> contextlib.AbstractContextManager[Any]:
         return tracer.start_as_current_span(
             f"durable.step {step.name}",
             kind=SpanKind.INTERNAL,
