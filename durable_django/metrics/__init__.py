@@ -254,8 +254,8 @@ class MetricsObserver(Observer):
     """Records the metrics of the engine's moments (:mod:`durable_django.observability`):
     a start's decision, a turn that lost its lease, a failed step attempt, a tick."""
 
-    def start(self, start: StartEvent) -> contextlib.AbstractContextManager[None]:
-        return _decided(start)
+    def start(self, start: StartEvent) -> _Decided:
+        return _Decided(start)
 
     def turn(self, turn: TurnEvent) -> contextlib.AbstractContextManager[None]:
         return _turned(turn)
@@ -278,16 +278,29 @@ class MetricsObserver(Observer):
                 sink.add(TICK_ITEMS, count, (kind,))
 
 
-@contextlib.contextmanager
-def _decided(start: StartEvent) -> Iterator[None]:
-    """The runs a start admitted, once decided: created, or found (``existing``). Its
-    refusals are counted as they are announced (:meth:`MetricsObserver.refused`)."""
-    yield
-    found = len(start.run_ids) - start.created
-    for sink in _active():
-        for outcome, count in (("admitted", start.created), ("existing", found)):
-            if count:
-                sink.add(STARTS, count, (start.workflow, outcome, ""))
+class _Decided:
+    """Around a start: once decided, the runs it admitted, created or found
+    (``existing``). Its refusals are counted as they are announced
+    (:meth:`MetricsObserver.refused`). A class, not a generator: a start pays for it."""
+
+    __slots__ = ("start",)
+
+    def __init__(self, start: StartEvent) -> None:
+        self.start = start
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        start = self.start
+        if kind is not None or not start.run_ids:
+            return
+        found = len(start.run_ids) - start.created
+        for sink in _active():
+            if start.created:
+                sink.add(STARTS, start.created, (start.workflow, "admitted", ""))
+            if found:
+                sink.add(STARTS, found, (start.workflow, "existing", ""))
 
 
 @contextlib.contextmanager
