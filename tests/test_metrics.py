@@ -253,3 +253,48 @@ def test_the_view_serves_the_default_registry(orm_engine: Engine):
     ]
     labels = {"workflow": "served", "outcome": "admitted", "reason": ""}
     assert samples == [("durable_starts_total", labels, 1.0)]
+
+
+class Broken:
+    """A sink that fails at every measurement."""
+
+    def add(self, metric: metrics.Metric, amount: float, labels: tuple[str, ...]) -> None:
+        raise RuntimeError("the sink is down")
+
+    def record(self, metric: metrics.Metric, value: float, labels: tuple[str, ...]) -> None:
+        raise RuntimeError("the sink is down")
+
+
+def test_a_failing_sink_changes_nothing_the_engine_does(
+    memory_engine: Engine, caplog: pytest.LogCaptureFixture
+):
+    engine = memory_engine
+    engine.register("metered", "1", lambda ctx, i: ctx.step("call", fail), concurrency=QUOTA)
+    previous = metrics.install(Broken())
+    try:
+        handle = engine.start("metered", 1)
+        with pytest.raises(ConcurrencyLimitError):  # the refusal, not the sink's error
+            engine.start("metered", 2, wait=0.1)
+        run_until_idle(engine)  # claimed, a step failed, the run failed
+        assert engine.get_run(handle.run_id).status == "failed"
+        assert engine.cancel(engine.start("metered", 3).run_id)  # the slot was freed
+    finally:
+        metrics.reset(previous)
+    failed = {
+        record.getMessage() for record in caplog.records if record.name == "durable_django.metrics"
+    }
+    assert {
+        "could not record the metric durable.starts",
+        "could not record the metric durable.start.wait.duration",
+        "could not record the metric durable.run.queue_lag",
+        "could not record the metric durable.step.failures",
+        "could not record the metric durable.run.duration",
+    } <= failed
+
+
+def test_the_system_check_names_a_bad_setting():
+    with override_settings(DURABLE={"METRICS": ["statsd"]}):
+        [error] = metrics.check_setting()
+    assert error.id == "durable_django.E010" and "statsd" in error.msg
+    with override_settings(DURABLE={"METRICS": []}):
+        assert metrics.check_setting() == []

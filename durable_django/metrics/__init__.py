@@ -16,8 +16,9 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
@@ -193,6 +194,16 @@ def configured_libraries() -> list[str]:
     return list(value)
 
 
+@checks.register()
+def check_setting(**kwargs: Any) -> list[checks.CheckMessage]:
+    """``durable_django.E010``: ``DURABLE["METRICS"]`` is not a list of known libraries."""
+    try:
+        configured_libraries()
+    except ImproperlyConfigured as error:
+        return [checks.Error(str(error), id="durable_django.E010")]
+    return []
+
+
 def _installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -209,7 +220,13 @@ def _chosen() -> tuple[Sink, ...]:
     made once per process."""
     global _sinks
     sinks: list[Sink] = []
-    for name in configured_libraries():
+    try:
+        names = configured_libraries()
+    except ImproperlyConfigured:
+        # Reported by the system check durable_django.E010; never raised into a start.
+        logger.exception("no metric is recorded")
+        names = []
+    for name in names:
         if not _installed(LIBRARIES[name]):
             continue
         if name == "opentelemetry":
@@ -232,6 +249,25 @@ def _active() -> tuple[Sink, ...]:
 # recording ------------------------------------------------------------------------------
 
 
+def _add(metric: Metric, amount: float, labels: tuple[str, ...]) -> None:
+    """Add to a counter in every sink; a sink's failure is logged, never raised into the
+    engine (a start, a turn's end)."""
+    for sink in _active():
+        try:
+            sink.add(metric, amount, labels)
+        except Exception:
+            logger.exception("could not record the metric %s", metric.name)
+
+
+def _record(metric: Metric, value: float, labels: tuple[str, ...]) -> None:
+    """Record in a histogram in every sink, as :func:`_add` does."""
+    for sink in _active():
+        try:
+            sink.record(metric, value, labels)
+        except Exception:
+            logger.exception("could not record the metric %s", metric.name)
+
+
 @contextlib.contextmanager
 def waited(workflow: str) -> Iterator[None]:
     """Around a start with ``wait=``: how long it waited, ``admitted`` or ``refused``
@@ -240,14 +276,23 @@ def waited(workflow: str) -> Iterator[None]:
     try:
         yield
     except ConcurrencyLimitError:
-        _record_wait(workflow, "refused", time.monotonic() - began)
+        _record(START_WAIT, time.monotonic() - began, (workflow, "refused"))
         raise
-    _record_wait(workflow, "admitted", time.monotonic() - began)
+    _record(START_WAIT, time.monotonic() - began, (workflow, "admitted"))
 
 
-def _record_wait(workflow: str, outcome: str, seconds: float) -> None:
-    for sink in _active():
-        sink.record(START_WAIT, seconds, (workflow, outcome))
+def run_ended(run: RunRecord, outcome: str) -> None:
+    """``run`` ended now: ``outcome`` is its terminal status."""
+    if _active() and run.created_at is not None:
+        seconds = (timezone.now() - run.created_at).total_seconds()
+        _record(RUN_DURATION, seconds, (run.workflow, outcome))
+
+
+def run_claimed(run: RunRecord, steps: Sequence[StepRecord], now: datetime.datetime) -> None:
+    """A worker claimed ``run`` at ``now``, with its recorded ``steps``: its first claim
+    when it is its first attempt and no step is recorded yet."""
+    if _active() and run.attempt == 1 and not steps and run.created_at is not None:
+        _record(QUEUE_LAG, (now - run.created_at).total_seconds(), (run.workflow,))
 
 
 class MetricsObserver(Observer):
@@ -257,25 +302,21 @@ class MetricsObserver(Observer):
     def start(self, start: StartEvent) -> _Decided:
         return _Decided(start)
 
-    def turn(self, turn: TurnEvent) -> contextlib.AbstractContextManager[None]:
-        return _turned(turn)
+    def turn(self, turn: TurnEvent) -> _Turned:
+        return _Turned(turn)
 
     def step_failed(self, step: StepEvent) -> None:
         outcome = "failed" if step.retry_in is None else "retry"
-        for sink in _active():
-            sink.add(STEP_FAILURES, 1, (step.run.workflow, outcome))
+        _add(STEP_FAILURES, 1, (step.run.workflow, outcome))
 
     def refused(self, start: str, error: ConcurrencyLimitError) -> None:
-        reason = "held" if error.held else "limit"
-        for sink in _active():
-            sink.add(STARTS, 1, (start, "refused", reason))
+        _add(STARTS, 1, (start, "refused", "held" if error.held else "limit"))
 
     def ticked(self, result: TickResult) -> None:
-        sinks = _active()
         for kind in result.__dataclass_fields__:
             count = getattr(result, kind)
-            for sink in sinks if count else ():
-                sink.add(TICK_ITEMS, count, (kind,))
+            if count:
+                _add(TICK_ITEMS, count, (kind,))
 
 
 class _Decided:
@@ -295,39 +336,26 @@ class _Decided:
         start = self.start
         if kind is not None or not start.run_ids:
             return
-        found = len(start.run_ids) - start.created
-        for sink in _active():
-            if start.created:
-                sink.add(STARTS, start.created, (start.workflow, "admitted", ""))
-            if found:
-                sink.add(STARTS, found, (start.workflow, "existing", ""))
+        if start.created:
+            _add(STARTS, start.created, (start.workflow, "admitted", ""))
+        if len(start.run_ids) > start.created:
+            _add(STARTS, len(start.run_ids) - start.created, (start.workflow, "existing", ""))
 
 
-@contextlib.contextmanager
-def _turned(turn: TurnEvent) -> Iterator[None]:
-    yield
-    if turn.outcome == "lease_lost":
-        for sink in _active():
-            sink.add(LEASE_LOSSES, 1, (turn.run.workflow,))
+class _Turned:
+    """Around a turn: one that stopped because its worker lost the run."""
 
+    __slots__ = ("turn",)
 
-def run_ended(run: RunRecord, outcome: str) -> None:
-    """``run`` ended now: ``outcome`` is its terminal status."""
-    sinks = _active()
-    if sinks and run.created_at is not None:
-        seconds = (timezone.now() - run.created_at).total_seconds()
-        for sink in sinks:
-            sink.record(RUN_DURATION, seconds, (run.workflow, outcome))
+    def __init__(self, turn: TurnEvent) -> None:
+        self.turn = turn
 
+    def __enter__(self) -> None:
+        return None
 
-def run_claimed(run: RunRecord, steps: Sequence[StepRecord], now: datetime.datetime) -> None:
-    """A worker claimed ``run`` at ``now``, with its recorded ``steps``: its first claim
-    when it is its first attempt and no step is recorded yet."""
-    sinks = _active()
-    if sinks and run.attempt == 1 and not steps and run.created_at is not None:
-        seconds = (now - run.created_at).total_seconds()
-        for sink in sinks:
-            sink.record(QUEUE_LAG, seconds, (run.workflow,))
+    def __exit__(self, *exited: object) -> None:
+        if self.turn.outcome == "lease_lost":
+            _add(LEASE_LOSSES, 1, (self.turn.run.workflow,))
 
 
 def busiest_keys(engine: Engine | None = None, limit: int = QUOTA_KEYS) -> list[tuple[str, int]]:
