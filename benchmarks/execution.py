@@ -36,6 +36,15 @@ PostgreSQL server process, and each worker's peak memory (``VmHWM``). Before the
 the script counts the PostgreSQL round trips of one run turn, executed in this process
 with libpq's protocol trace on, and lists its statements.
 
+With ``--base PATH`` (a checkout of the code before a change, e.g. ``git worktree add
+--detach /tmp/base main``), a sixth variant runs the durable workflow on a worker
+importing the package from there: **durable, code before**, beside **durable** (this
+checkout, with no instrumentation set up), on a queue of its own. With ``--otel``, one
+more: **durable, OTel on**, a worker of this checkout with the OpenTelemetry SDK's tracer
+provider set (``opentelemetry-sdk``), its spans batched to an exporter that drops them:
+what making the spans of turns and steps costs. With ``--only`` the rounds measure just
+the variants named (e.g. ``--only durable,before,otel``).
+
 ``--connections per-task`` leaves Celery's default (a new database connection per task);
 ``--prepared`` turns on Django's server-side binding with prepared statements;
 ``--synchronous-commit off`` shows what the commits' flushes cost. See
@@ -130,6 +139,24 @@ def parse_args() -> argparse.Namespace:
         "shows how much of the cost is the commits' flushes; for comparison only",
     )
     parser.add_argument(
+        "--base",
+        default="",
+        metavar="PATH",
+        help="also run the durable workflow on a worker of the checkout at PATH (the code "
+        "before a change), on a queue of its own",
+    )
+    parser.add_argument(
+        "--otel",
+        action="store_true",
+        help="also run the durable workflow on a worker with OpenTelemetry's SDK tracer "
+        "provider set, its spans dropped by the exporter",
+    )
+    parser.add_argument(
+        "--only",
+        default="",
+        help="the variants to measure, comma-separated (default: every one)",
+    )
+    parser.add_argument(
         "--profile",
         type=int,
         default=0,
@@ -160,10 +187,22 @@ def empty_tables() -> None:
 class Worker:
     """A ``celery worker --pool=solo`` subprocess consuming one queue."""
 
-    def __init__(self, name: str, queue: str, app, *, procrastinate: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        queue: str,
+        app,
+        *,
+        procrastinate: bool = False,
+        root: Path = ROOT,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.queue = queue
         self.app = app
+        #: The checkout whose package the worker imports, and its extra environment.
+        self.root = root
+        self.extra_env = env or {}
         #: A Procrastinate worker (concurrency 1) instead of a Celery one.
         self.procrastinate = procrastinate
         self.hostname = f"bench-{uuid.uuid4().hex[:12]}@localhost"
@@ -180,8 +219,9 @@ class Worker:
             DURABLE_BENCH_APPLICATION=self.application,
             DURABLE_BENCH_SYNCHRONOUS_COMMIT=synchronous_commit,
             DURABLE_BENCH_PREPARED="1" if prepared else "0",
-            PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+            PYTHONPATH=os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")])),
             PYTHONUNBUFFERED="1",
+            **self.extra_env,
         )
         if self.procrastinate:
             self._start_procrastinate(env)
@@ -207,7 +247,7 @@ class Worker:
                 "-n",
                 self.hostname,
             ],
-            cwd=ROOT,
+            cwd=self.root,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=self.log,
@@ -492,6 +532,15 @@ def main() -> None:
     def durable_dispatch(index: int) -> None:
         workflow.dispatch({"tenant": f"t{index % TENANTS}", "n": index})
 
+    def dispatch_to(queue: str):
+        """The durable workflow's dispatch, sent to ``queue``."""
+        engine = Engine(queue=queue)
+
+        def dispatch(index: int) -> None:
+            engine.start(workflow, {"tenant": f"t{index % TENANTS}", "n": index})
+
+        return dispatch
+
     def transactional_dispatch(index: int) -> None:
         three_transactions.dispatch({"tenant": f"t{index % TENANTS}", "n": index})
 
@@ -538,6 +587,15 @@ def main() -> None:
             "procrastinate", PROCRASTINATE_QUEUE, procrastinate_app, procrastinate=True
         ),
     }
+    if args.base:
+        workers["before"] = Worker(
+            "before", f"{durable_queue}_before", app, root=Path(args.base).resolve()
+        )
+    if args.otel:
+        workers["otel"] = Worker(
+            "otel", f"{durable_queue}_otel", app, env={"DURABLE_BENCH_OTEL": "1"}
+        )
+    queues += [worker.queue for name, worker in workers.items() if name in ("before", "otel")]
     try:
         for worker in workers.values():
             worker.start(args.connections, args.synchronous_commit, args.prepared)
@@ -584,6 +642,14 @@ def main() -> None:
                 procrastinate_reset,
             ),
         }
+        for name, label in (("before", "durable: code before"), ("otel", "durable: OTel on")):
+            if name in workers:
+                queue = workers[name].queue
+                variants[name] = Variant(
+                    name, label, workers[name], queue, dispatch_to(queue), durable_done
+                )
+        if args.only:
+            variants = {name: variants[name] for name in args.only.split(",")}
         # Warm up: imports, connections, cached plans, Celery's producer pool.
         for variant in variants.values():
             measure(variant, 100)
@@ -651,7 +717,6 @@ def main() -> None:
         )
     print()
     measured = {name: variant.measurements for name, variant in variants.items()}
-    durable, plain = measured["durable"], measured["plain"]
 
     def ratio(numerator: str, denominator: str) -> tuple[float, list[float]]:
         """The median of the per-round rate ratios numerator/denominator, and the ratios."""
@@ -674,7 +739,11 @@ def main() -> None:
         ("procrastinate", "plain", ""),
         ("floor", "plain", " (the best this many commits allow)"),
         ("durable", "floor", " (how close to it)"),
+        ("durable", "before", " (no instrumentation)"),
+        ("otel", "durable", " (OTel on, against off)"),
     ):
+        if numerator not in measured or denominator not in measured:
+            continue
         value, per_round = ratio(numerator, denominator)
         goal = goals.get((numerator, denominator))
         verdict = "" if goal is None else f">= {goal}: {'met' if value >= goal else 'MISSED'}"
@@ -684,9 +753,14 @@ def main() -> None:
             f"| {verdict:<16} |"
         )
     print()
-    drains = [d.drain / p.drain for d, p in zip(durable, plain, strict=True)]
-    print(f"durable/plain, drain rates after dispatching = {statistics.median(drains):.3f}")
-    for name in ("durable", "transactional", "procrastinate"):
+    if "durable" in measured and "plain" in measured:
+        durable, plain = measured["durable"], measured["plain"]
+        drains = [d.drain / p.drain for d, p in zip(durable, plain, strict=True)]
+        print(f"durable/plain, drain rates after dispatching = {statistics.median(drains):.3f}")
+    for name in ("durable", "transactional", "procrastinate", "before", "otel"):
+        if name not in measured or "plain" not in measured:
+            continue
+        plain = measured["plain"]
         for label, attribute in (("worker", "worker_cpu"), ("its PostgreSQL", "server_cpu")):
             costs = [
                 getattr(d, attribute) / getattr(p, attribute)

@@ -17,3 +17,19 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
 )
 app.autodiscover_tasks(["durable_django"])
+
+if os.environ.get("DURABLE_BENCH_OTEL") == "1":
+    # The "OTel on" variant: the SDK's provider, spans batched to an exporter that drops them.
+    from collections.abc import Sequence
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)

@@ -813,13 +813,14 @@ def execute_run(engine: Engine, run_id: str) -> bool:
     Returns False when the run was not waiting for a worker (another took it, or it
     ended). A run whose workflow version this process does not have is ``blocked``.
     """
+    store = engine.store
     config = engine.config
     owner = worker_id()
     now = timezone.now()
     lease = datetime.timedelta(seconds=config.lease_seconds)
     claim = {"lease_owner": owner, "lease_expires_at": now + lease, "started_at": now}
     # The claim, the run and its steps at once (one round trip on PostgreSQL).
-    claimed = engine.store.claim_run(run_id, **claim, wake_at=None)
+    claimed = store.claim_run(run_id, **claim, wake_at=None)
     if claimed is None:
         return False
     run, steps = claimed

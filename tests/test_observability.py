@@ -390,3 +390,77 @@ def test_a_batch_has_one_span_with_its_decisions(engine: Engine, spans: InMemory
     assert attributes["messaging.batch.message_count"] == 3
     assert attributes["durable.created"] == 2
     assert attributes["durable.refused_count"] == 1
+
+
+class Recorder(Observer):
+    """Notes every moment the seam reports."""
+
+    def __init__(self) -> None:
+        self.moments: list[tuple[str, Any]] = []
+
+    def start(self, start: Any) -> None:
+        self.moments.append(("start", start))
+
+    def turn(self, turn: Any) -> None:
+        self.moments.append(("turn", turn))
+
+    def step(self, step: Any) -> None:
+        self.moments.append(("step", step))
+
+    def step_failed(self, step: Any) -> None:
+        self.moments.append(("step_failed", step))
+
+    def refused(self, workflow: str, error: Any) -> None:
+        self.moments.append(("refused", (workflow, error)))
+
+    def subscriber_skipped(self, event: str, event_id: Any, workflow: str, error: Any) -> None:
+        self.moments.append(("subscriber_skipped", (event, workflow)))
+
+    def ticked(self, result: Any) -> None:
+        self.moments.append(("ticked", result))
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    recorder = observe(Recorder())
+    try:
+        yield recorder
+    finally:
+        forget(recorder)
+
+
+def test_the_seam_reports_each_moment_with_its_outcome(engine: Engine, recorder: Recorder):
+    engine.register("flaky", "1", flaky_body, concurrency=Concurrency(lambda input: "f", limit=1))
+    handle = engine.start("flaky", {"n": 0, "retries": 1})
+    with pytest.raises(ConcurrencyLimitError):
+        engine.start("flaky", {"n": 1, "retries": 0})
+    settle(engine)
+    kinds = [kind for kind, _ in recorder.moments]
+    # The start's moment is entered first; a refusal is reported inside it.
+    assert kinds[:3] == ["start", "start", "refused"]
+    admitted, refused = recorder.moments[0][1], recorder.moments[1][1]
+    assert (admitted.run_ids, admitted.created, admitted.refused) == ([handle.run_id], 1, [])
+    assert [quota.key for quota in admitted.quotas] == ["f"]
+    assert refused.created == 0 and refused.refused[0].key == "f"
+    turns = [event for kind, event in recorder.moments if kind == "turn"]
+    assert [turn.outcome for turn in turns] == ["suspended", "failed"]
+    assert isinstance(turns[1].error, Exception)
+    failures = [event for kind, event in recorder.moments if kind == "step_failed"]
+    assert [(f.name, f.attempt, f.retry_in) for f in failures] == [
+        ("divide", 1, 0.0),
+        ("divide", 2, None),
+    ]
+    assert "ticked" in kinds
+
+
+def test_a_waiting_start_says_how_long_it_waited(memory_engine: Engine, recorder: Recorder):
+    memory_engine.register(
+        "one", "1", lambda ctx, input: 1, concurrency=Concurrency(lambda input: "w", limit=1)
+    )
+    memory_engine.start("one", {})
+    with pytest.raises(ConcurrencyLimitError):
+        memory_engine.start("one", {}, wait=0.3)
+    starts = [event for kind, event in recorder.moments if kind == "start"]
+    assert len(starts) >= 3  # the first start, then the waiting one's attempts
+    assert starts[1].waited < starts[-1].waited
+    assert 0.1 < starts[-1].waited < 5

@@ -152,8 +152,8 @@ class Observer:
     def step_failed(self, step: StepEvent) -> None:
         """A step attempt failed (its exception being handled)."""
 
-    def refused(self, start: str, error: ConcurrencyLimitError) -> None:
-        """A start of workflow ``start`` was refused, ``error`` explained."""
+    def refused(self, workflow: str, error: ConcurrencyLimitError) -> None:
+        """A start of ``workflow`` was refused, ``error`` explained."""
 
     def subscriber_skipped(
         self, event: str, event_id: str | None, workflow: str, error: Exception
@@ -277,13 +277,27 @@ class _Around:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        if isinstance(error, ConcurrencyLimitError) and isinstance(self.event, StartEvent):
-            self.event.refused.append(error)
         for manager in reversed(self.entered):
             try:
                 manager.__exit__(kind, error, trace)
             except Exception:
                 logger.exception("observer %r failed", manager)
+
+
+class _Starting(_Around):
+    """Around a start: a refusal raised through it is the start's decision."""
+
+    __slots__ = ()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if isinstance(error, ConcurrencyLimitError):
+            self.event.refused.append(error)
+        super().__exit__(kind, error, trace)
 
 
 _UNOBSERVED: contextlib.nullcontext[None] = contextlib.nullcontext()
@@ -310,7 +324,7 @@ def start(
     for quota in quotas:
         first.setdefault(quota.key, quota)
     event = StartEvent(kind, workflow, namespace, tuple(first.values()), size, waited)
-    return _Around(_Hooks.start, event)
+    return _Starting(_Hooks.start, event)
 
 
 @contextlib.contextmanager
@@ -328,29 +342,7 @@ def turn(run: RunRecord, claimed_at: datetime) -> contextlib.AbstractContextMana
     its outcome. Inside, :func:`~durable_django.current_run` tells the run."""
     if _Hooks.waiting:
         _Hooks.ask_waiting()
-    return _Turn(TurnEvent(run, claimed_at))
-
-
-class _Turn(_Around):
-    __slots__ = ("token",)
-
-    def __init__(self, event: TurnEvent) -> None:
-        super().__init__(_Hooks.turn, event)
-
-    def __enter__(self) -> TurnEvent:
-        self.token = _running.set((self.event.run, None, self.event.run.attempt))
-        return super().__enter__()  # type: ignore[no-any-return]
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        try:
-            super().__exit__(kind, error, trace)
-        finally:
-            _running.reset(self.token)
+    return _Running(_Hooks.turn, TurnEvent(run, claimed_at), (run, None, run.attempt))
 
 
 def watched(turn: TurnEvent, body: Callable[..., _T]) -> Callable[..., _T]:
@@ -360,7 +352,7 @@ def watched(turn: TurnEvent, body: Callable[..., _T]) -> Callable[..., _T]:
     def run_body(*args: Any) -> _T:
         try:
             return body(*args)
-        except Exception as error:
+        except BaseException as error:  # read only when the run failed
             turn.error = error
             raise
 
@@ -374,19 +366,28 @@ def step(
     :func:`~durable_django.current_run` tells the run and the step."""
     if _Hooks.waiting:
         _Hooks.ask_waiting()
-    return _Step(StepEvent(run, name, attempt, kind))
+    hooks = _Hooks.step
+    event = StepEvent(run, name, attempt, kind) if hooks else None
+    return _Running(hooks, event, (run, name, attempt))
 
 
-class _Step(_Around):
-    __slots__ = ("token",)
+class _Running(_Around):
+    """Around a moment of a run's code (a turn, a step): :func:`running` tells it."""
 
-    def __init__(self, event: StepEvent) -> None:
-        super().__init__(_Hooks.step, event)
+    __slots__ = ("running", "token")
 
-    def __enter__(self) -> StepEvent:
-        event: StepEvent = self.event
-        self.token = _running.set((event.run, event.name, event.attempt))
-        return super().__enter__()  # type: ignore[no-any-return]
+    def __init__(
+        self,
+        hooks: Sequence[Callable[[Any], Any]],
+        event: Any,
+        running: tuple[RunRecord, str | None, int],
+    ) -> None:
+        super().__init__(hooks, event)
+        self.running = running
+
+    def __enter__(self) -> Any:
+        self.token = _running.set(self.running)
+        return super().__enter__()
 
     def __exit__(
         self,

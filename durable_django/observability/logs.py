@@ -70,16 +70,16 @@ class LogObserver(Observer):
     def turn(self, turn: TurnEvent) -> _TurnLog:
         return _TurnLog(turn)
 
-    def refused(self, start: str, error: ConcurrencyLimitError) -> None:
+    def refused(self, workflow: str, error: ConcurrencyLimitError) -> None:
         starts.info(
             "start of %s refused: key %r holds %d of %d unit(s); retry after %gs",
-            start,
+            workflow,
             error.key,
             error.active,
             error.limit,
             error.retry_after,
             extra={
-                "durable_workflow": start,
+                "durable_workflow": workflow,
                 "durable_key": error.key,
                 "durable_limit": error.limit,
                 "durable_active": error.active,
@@ -116,6 +116,8 @@ class _TurnLog:
 
     def __exit__(self, *exited: object) -> None:
         turn = self.turn
+        if turn.outcome not in ("failed", "lease_lost"):
+            return
         run = turn.run
         extra = run_fields(run, None, run.attempt)
         if turn.outcome == "failed":
