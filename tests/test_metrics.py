@@ -298,3 +298,24 @@ def test_the_system_check_names_a_bad_setting():
     assert error.id == "durable_django.E010" and "statsd" in error.msg
     with override_settings(DURABLE={"METRICS": []}):
         assert metrics.check_setting() == []
+
+
+def test_a_library_that_fails_to_load_records_nothing(
+    memory_engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    """An OpenTelemetry API too old for the histograms' bucket advice, say."""
+
+    def too_old(self: OpenTelemetryMetrics, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("unexpected keyword argument 'explicit_bucket_boundaries_advisory'")
+
+    monkeypatch.setattr(OpenTelemetryMetrics, "__init__", too_old)
+    previous = metrics.install()
+    try:
+        with override_settings(DURABLE={"METRICS": ["opentelemetry"]}):
+            metrics.reset()
+            memory_engine.register("wf", "1", lambda ctx, i: i)
+            memory_engine.start("wf")
+            assert metrics._active() == ()
+    finally:
+        metrics.reset(previous)
+    assert "no metric is recorded to opentelemetry" in caplog.text

@@ -217,29 +217,36 @@ def _any_installed() -> bool:
 
 def _chosen() -> tuple[Sink, ...]:
     """The sinks of the libraries ``DURABLE["METRICS"]`` names that are installed,
-    made once per process."""
+    made once per process. A bad setting (the system check ``durable_django.E010``) or a
+    library that fails to load (too old a version) is logged and records nothing: never
+    an error raised into a start or a turn."""
     global _sinks
     sinks: list[Sink] = []
     try:
         names = configured_libraries()
     except ImproperlyConfigured:
-        # Reported by the system check durable_django.E010; never raised into a start.
         logger.exception("no metric is recorded")
         names = []
     for name in names:
-        if not _installed(LIBRARIES[name]):
-            continue
-        if name == "opentelemetry":
-            from .opentelemetry import OpenTelemetryMetrics
-
-            sinks.append(OpenTelemetryMetrics())
-        else:
-            from .prometheus import default_metrics
-
-            sinks.append(default_metrics())
+        if _installed(LIBRARIES[name]):
+            try:
+                sinks.append(_made(name))
+            except Exception:
+                logger.exception("no metric is recorded to %s", name)
     _sinks = tuple(sinks)
     _observed()
     return _sinks
+
+
+def _made(library: str) -> Sink:
+    """The sink of one library of :data:`LIBRARIES`."""
+    if library == "opentelemetry":
+        from .opentelemetry import OpenTelemetryMetrics
+
+        return OpenTelemetryMetrics()
+    from .prometheus import default_metrics
+
+    return default_metrics()
 
 
 def _active() -> tuple[Sink, ...]:
