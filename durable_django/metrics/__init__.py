@@ -4,7 +4,10 @@ The metrics go to the libraries named in ``DURABLE["METRICS"]`` that are install
 OpenTelemetry's API (the ``otel`` extra, :mod:`durable_django.metrics.opentelemetry`) and
 prometheus_client (the ``prometheus`` extra, :mod:`durable_django.metrics.prometheus`).
 Neither is imported until the first metric is recorded, nor at all when it is not
-installed; with none of them, recording a metric is one check of an empty tuple.
+installed. Most metrics are recorded by :class:`MetricsObserver`, an observer of the
+engine's moments (:mod:`durable_django.observability.events`), in place only while a
+library may be recorded to; with none installed, the three recorded outside the seam (a
+run's end, its first claim, a start's wait) cost a check of an empty tuple.
 """
 
 from __future__ import annotations
@@ -207,7 +210,7 @@ def check_setting(**kwargs: Any) -> list[checks.CheckMessage]:
 def _installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
-    except (ModuleNotFoundError, ValueError):  # its parent package is not installed
+    except (ModuleNotFoundError, ValueError):  # its parent package is missing, or hidden
         return False
 
 
