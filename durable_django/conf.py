@@ -33,6 +33,9 @@ DEFAULTS: dict[str, Any] = {
     # A run still pending this long after its last message is sent again by the tick
     # (a lost message must not lose a run).
     "PENDING_RESEND_SECONDS": 300,
+    # The metrics libraries recorded to, each when installed: "opentelemetry" (its API,
+    # the otel extra) and "prometheus" (prometheus_client); [] records no metric.
+    "METRICS": ["opentelemetry", "prometheus"],
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from django.utils import timezone
 
 from . import concurrency as quotas
-from . import estimates, starting
+from . import estimates, metrics, starting
 from .conf import build_store, durable_settings
 from .errors import RunNotFound, RunTimeout
 from .estimates import Holder
@@ -417,6 +417,7 @@ class Engine:
     def finished(self, run: RunRecord, status: str) -> None:
         """What follows a run's end: its parent is woken, and ``run_finished`` is sent once
         the transaction commits (at once outside one)."""
+        metrics.run_ended(run, status)
         if run.parent_id:
             self.wake(run.parent_id)
         if listened(run_finished, type(self)):

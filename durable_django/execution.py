@@ -27,6 +27,7 @@ from django.db import DatabaseError, connections
 from django.db import transaction as db_transaction
 from django.utils import timezone
 
+from . import metrics
 from .concurrency import ConcurrencyOption
 from .db import (
     close_connections,
@@ -822,6 +823,7 @@ def execute_run(engine: Engine, run_id: str) -> bool:
     if claimed is None:
         return False
     run, steps = claimed
+    metrics.run_claimed(run, steps, now)
     with observing.turn(run, now) as turn:
         turn.outcome = _turn(engine, run, steps, owner, turn)
     return True

@@ -46,7 +46,7 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from . import concurrency as quotas
-from . import estimates, tickets, waiting
+from . import estimates, metrics, tickets, waiting
 from .errors import ConcurrencyLimitError, DurableError, RunFailed
 from .limits import text_lengths
 from .observability import events as observing
@@ -139,7 +139,7 @@ def start(
         return attempt()
     keys = [quota.key for quota in resolved]
     waiting.check_may_wait(engine.store, keys)
-    with observing.waiting():
+    with observing.waiting(), metrics.waited(definition.name):
         return waiting.start_waiting(engine.store, keys, seconds, attempt)
 
 
@@ -171,7 +171,7 @@ async def astart(
         return await sync_to_async(attempt)()
     keys = [quota.key for quota in resolved]
     await sync_to_async(waiting.check_may_wait)(engine.store, keys)
-    with observing.waiting():
+    with observing.waiting(), metrics.waited(definition.name):
         return await waiting.astart_waiting(engine.store, keys, seconds, attempt)
 
 

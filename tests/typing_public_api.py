@@ -57,6 +57,25 @@ from durable_django.limits import (
     TextLengths,
     text_lengths,
 )
+from durable_django.metrics import (
+    METRICS,
+    QUOTA_KEYS,
+    Metric,
+    MetricsObserver,
+    Sink,
+    busiest_keys,
+    install,
+    reset,
+)
+from durable_django.metrics.opentelemetry import OpenTelemetryMetrics
+from durable_django.metrics.prometheus import (
+    PrometheusMetrics,
+    QuotaCollector,
+    default_metrics,
+    metrics_view,
+    multiprocess_mode,
+    scrape_registry,
+)
 from durable_django.models import Schedule, ScheduleQuerySet, column_errors
 from durable_django.observability import RunFilter, ask_again
 from durable_django.observability.events import (
@@ -218,3 +237,24 @@ def _tasks_backend(backend: DurableTaskBackend) -> None:
     add.enqueue("one", 2)  # type: ignore[arg-type]
     assert_type(backend.quota(add), TaskQuota | None)
     assert_type(task_quota("app.tasks.add", {"key": "k", "limit": 1}), TaskQuota)
+
+
+# The metrics: sinks installed by hand, the quota gauge's reading, the /metrics view.
+def _metrics(engine: Engine) -> None:
+    from django.http import HttpRequest, HttpResponse
+    from prometheus_client import CollectorRegistry
+
+    sinks: tuple[Sink, ...] = (
+        OpenTelemetryMetrics(quota_keys=0),
+        PrometheusMetrics(CollectorRegistry(), engine=engine, quota_keys=QUOTA_KEYS),
+        default_metrics(),
+    )
+    reset(install(*sinks))
+    assert_type(busiest_keys(engine, 5), list[tuple[str, int]])
+    assert_type(metrics_view(HttpRequest()), HttpResponse)
+    assert_type(scrape_registry(), CollectorRegistry)
+    assert_type(multiprocess_mode(), bool)
+    assert all(isinstance(metric, Metric) for metric in METRICS)
+    assert isinstance(MetricsObserver(), object)
+    CollectorRegistry().register(QuotaCollector(engine, limit=3))
+    busiest_keys(engine, "5")  # type: ignore[arg-type]
