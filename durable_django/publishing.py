@@ -16,6 +16,12 @@ app's delivery mode, compression and publish retry policy. The producers follow 
 Celery app: when its connection pool is replaced (new broker settings, a fork), the old
 producers are dropped and new ones connect. With Celery's ``task_always_eager`` (a test
 setting), runs go through ``apply_async`` and execute at once, as Celery does.
+
+When something watches Celery's publishing (:func:`watched`: a receiver of
+``before_task_publish`` or ``after_task_publish``, sentry-sdk's Celery integration, or
+``task_send_sent_event``), the messages go through ``apply_async`` too, so that the
+tracing integrations put the caller's trace in their headers and events are sent, as for
+any task.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import contextlib
 import json
 import os
 import re
+import sys
 import threading
 import time
 import uuid
@@ -34,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
+from celery import signals as celery_signals
 from celery.app import app_or_default
 from celery.utils.nodenames import anon_nodename
 from kombu import Connection, Producer, Queue
@@ -223,6 +231,7 @@ class Publisher:
         self.envelopes: dict[str, Envelope] = {}
         self.idle: deque[_Pooled] = deque()
         self._eager = bool(conf.task_always_eager)
+        self.sent_events = bool(conf.task_send_sent_event)
 
     @property
     def eager(self) -> bool:
@@ -297,10 +306,17 @@ class Publisher:
 
     # sending ----------------------------------------------------------------------
 
+    def watched(self) -> bool:
+        """Whether the messages must go through ``apply_async``: Celery's publish signals
+        have a receiver, sentry-sdk's Celery integration is active, or the app sends
+        ``task-sent`` events."""
+        return self.sent_events or _publishing_watched()
+
     def send(self, runs: Sequence[tuple[str, str]]) -> None:
-        """:meth:`publish` the runs' messages; under Celery's ``task_always_eager``, run
-        them here through ``apply_async`` instead, as Celery does."""
-        if not self.eager:
+        """:meth:`publish` the runs' messages; under Celery's ``task_always_eager``, or
+        when the publishing is :meth:`watched`, send them through ``apply_async`` instead,
+        as Celery does for any task."""
+        if not (self.eager or self.watched()):
             self.publish(runs)
             return
         task = self.app.tasks[TASK_NAME]
@@ -434,6 +450,20 @@ class Publisher:
             reply_to="",
             retry=False,
         )
+
+
+def _publishing_watched() -> bool:
+    """Whether Celery's publish signals have a receiver (the OpenTelemetry Celery
+    instrumentation, django-structlog ...) or sentry-sdk's Celery integration, which wraps
+    ``Task.apply_async``, is active."""
+    if celery_signals.before_task_publish.receivers or celery_signals.after_task_publish.receivers:
+        return True
+    sentry_celery = sys.modules.get("sentry_sdk.integrations.celery")
+    if sentry_celery is None:
+        return False
+    import sentry_sdk
+
+    return sentry_sdk.get_client().get_integration(sentry_celery.CeleryIntegration) is not None
 
 
 _publisher: Publisher | None = None
