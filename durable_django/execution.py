@@ -932,7 +932,7 @@ def _hand_back(engine: Engine, run: RunRecord, owner: str, why: str) -> None:
         "handed back, to be replayed" if handed else "another worker or the tick has it",
     )
     if handed:
-        engine.send(run.run_id, run.queue)
+        engine.send(run.run_id, run.queue, workflow=run.workflow)
 
 
 def _unwritten_payload(status: str, error: Exception) -> dict[str, Any]:

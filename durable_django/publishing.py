@@ -38,7 +38,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery import Celery
 from celery import signals as celery_signals
@@ -56,17 +56,39 @@ _BODY_HEAD = "[["
 _BODY_TAIL = '], {}, {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
 
 
+class RunMessage(NamedTuple):
+    """One run's message: its run id, its queue ("" for the task's default routing), the
+    workflow's name (shown as the task's name by Celery's tools: the ``shadow`` header),
+    and its priority (``None``: the route's, or ``task_default_priority``)."""
+
+    run_id: str
+    queue: str = ""
+    workflow: str = ""
+    priority: int | None = None
+
+
+#: A run to send: a :class:`RunMessage`, or a tuple of its fields (at least the first two).
+Run = RunMessage | tuple[str, str] | tuple[str, str, str, int | None]
+Runs = Sequence[Run]
+
+
+def messages(runs: Iterable[Run]) -> list[RunMessage]:
+    """``runs`` as :class:`RunMessage` s."""
+    return [run if isinstance(run, RunMessage) else RunMessage(*run) for run in runs]
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
     """Where the messages of one queue go, as Celery's router and ``send_task_message``
-    decide for the task: the queue to declare, the exchange and routing key, and the
-    delivery mode."""
+    decide for the task: the queue to declare, the exchange and routing key, the
+    delivery mode, and the priority (the route's, or ``task_default_priority``)."""
 
     queue: Queue
     exchange: str
     routing_key: str
     delivery_mode: Any
     declare: bool
+    priority: int | None = None
 
 
 class _Pooled:
@@ -154,18 +176,26 @@ def _lpush_command(key: str, values: list[bytes]) -> bytes:
 
 # Placeholders for what differs from one message to the next, in an envelope's template.
 _BODY, _TASK_ID, _ARGSREPR, _TAG = "\x00body", "\x00task", "\x00args", "\x00tag"
-_SLOT = re.compile(r'"\\u0000(body|task|args|tag)"')
+_SHADOW, _PRIORITY = "\x00shadow", "\x00priority"
+_SLOT = re.compile(r'"\\u0000(body|task|args|tag|shadow|priority)"')
 
 
 class Envelope:
     """The JSON that kombu's Redis transport stores for a message of one route: rendered
-    once with placeholders, then for each message only its run id, task id and delivery
-    tag are put in (the same document ``json.dumps`` would write for it)."""
+    once with placeholders, then for each message only its run id, task id, workflow,
+    priority and delivery tag are put in (the same document ``json.dumps`` would write
+    for it)."""
 
     __slots__ = ("literals", "slots")
 
     def __init__(self, route: Route, headers: dict[str, Any]) -> None:
-        headers = {**headers, "id": _TASK_ID, "root_id": _TASK_ID, "argsrepr": _ARGSREPR}
+        headers = {
+            **headers,
+            "id": _TASK_ID,
+            "root_id": _TASK_ID,
+            "argsrepr": _ARGSREPR,
+            "shadow": _SHADOW,
+        }
         text = json.dumps(
             {
                 "body": _BODY,
@@ -177,7 +207,7 @@ class Envelope:
                     "reply_to": "",
                     "delivery_mode": route.delivery_mode,
                     "delivery_info": {"exchange": "", "routing_key": route.routing_key},
-                    "priority": 0,
+                    "priority": _PRIORITY,
                     "body_encoding": "base64",
                     "delivery_tag": _TAG,
                 },
@@ -187,14 +217,18 @@ class Envelope:
         self.literals = [piece.encode() for piece in pieces[0::2]]
         self.slots = pieces[1::2]
 
-    def render(self, run_id: str) -> bytes:
-        """The envelope of ``run_id``'s message, with a new task id and delivery tag."""
+    def render(self, message: RunMessage, priority: int) -> bytes:
+        """The envelope of ``message`` at ``priority``, with a new task id and delivery
+        tag."""
+        run_id = message.run_id
         body = (_BODY_HEAD + json.dumps(run_id) + _BODY_TAIL).encode()
         values = {
             "body": b'"' + base64.b64encode(body) + b'"',
             "task": b'"%s"' % str(uuid.uuid4()).encode(),
             "args": json.dumps(f"({run_id!r},)").encode(),
             "tag": b'"%s"' % str(uuid.uuid4()).encode(),
+            "shadow": json.dumps(message.workflow or None).encode(),
+            "priority": b"%d" % priority,
         }
         parts = [self.literals[0]]
         for slot, literal in zip(self.slots, self.literals[1:], strict=True):
@@ -232,6 +266,7 @@ class Publisher:
         self.idle: deque[_Pooled] = deque()
         self._eager = bool(conf.task_always_eager)
         self.sent_events = bool(conf.task_send_sent_event)
+        self.default_priority: int | None = conf.task_default_priority
 
     @property
     def eager(self) -> bool:
@@ -258,7 +293,10 @@ class Publisher:
     def _resolve(self, queue: str) -> Route:
         app = self.app
         amqp = app.amqp
-        options = amqp.router.route({"queue": queue} if queue else {}, TASK_NAME, (), {})
+        asked: dict[str, Any] = {"queue": queue} if queue else {}
+        if self.default_priority is not None:  # as Task.apply_async: over the route's
+            asked["priority"] = self.default_priority
+        options = amqp.router.route(asked, TASK_NAME, (), {})
         target = options.get("queue")
         if target is None:
             target = amqp.default_queue
@@ -283,6 +321,7 @@ class Publisher:
             routing_key=routing_key,
             delivery_mode=delivery_mode,
             declare=not isinstance(target, Broadcast),
+            priority=options.get("priority"),
         )
 
     # the pool ---------------------------------------------------------------------
@@ -312,7 +351,7 @@ class Publisher:
         ``task-sent`` events."""
         return self.sent_events or _publishing_watched()
 
-    def send(self, runs: Sequence[tuple[str, str]]) -> None:
+    def send(self, runs: Runs) -> None:
         """:meth:`publish` the runs' messages; under Celery's ``task_always_eager``, or
         when the publishing is :meth:`watched`, send them through ``apply_async`` instead,
         as Celery does for any task."""
@@ -320,16 +359,25 @@ class Publisher:
             self.publish(runs)
             return
         task = self.app.tasks[TASK_NAME]
-        for run_id, queue in runs:
-            if queue:
-                task.apply_async((run_id,), queue=queue)
-            else:  # the task's default routing
-                task.apply_async((run_id,))
+        for run_id, queue, workflow, priority in messages(runs):
+            options: dict[str, Any] = {"shadow": workflow or None}
+            if queue:  # else the task's default routing
+                options["queue"] = queue
+            if priority is not None:
+                options["priority"] = priority
+            task.apply_async((run_id,), **options)
 
-    def publish(self, runs: Sequence[tuple[str, str]]) -> None:
-        """Send one message per ``(run_id, queue)``; retry on a broker error as the app's
+    def priority(self, message: RunMessage, route: Route) -> int:
+        """The priority ``message`` goes out with: its own, the route's, or 0."""
+        if message.priority is not None:
+            return message.priority
+        return route.priority or 0
+
+    def publish(self, runs: Runs) -> None:
+        """Send one message per run; retry on a broker error as the app's
         publish retry policy says (an unbounded ``max_retries`` is taken as 3), on a new
         connection each time; raise the last error."""
+        batch = messages(runs)
         most_retries = self.policy.get("max_retries", 3)
         retries = (3 if most_retries is None else int(most_retries)) if self.retry else 0
         interval = float(self.policy.get("interval_start", 0) or 0)
@@ -339,7 +387,7 @@ class Publisher:
         while True:
             pooled = self._acquire()
             try:
-                self._send(pooled, runs)
+                self._send(pooled, batch)
             except BaseException as error:
                 pooled.close()  # a connection that failed is never reused
                 connection = pooled.connection
@@ -359,7 +407,7 @@ class Publisher:
                 self._release(pooled)
                 return
 
-    def _send(self, pooled: _Pooled, runs: Sequence[tuple[str, str]]) -> None:
+    def _send(self, pooled: _Pooled, runs: Sequence[RunMessage]) -> None:
         if not pooled.ready:
             pooled.prepare()
         if pooled.redis is not None and self.compression is None:
@@ -373,13 +421,13 @@ class Publisher:
             and getattr(producer, "supports_batch_publish", False)
         ):
             with batch():  # one round trip on Redis
-                for run_id, queue in runs:
-                    self._send_one(pooled, run_id, queue)
+                for message in runs:
+                    self._send_one(pooled, message)
         else:
-            for run_id, queue in runs:
-                self._send_one(pooled, run_id, queue)
+            for message in runs:
+                self._send_one(pooled, message)
 
-    def _push(self, pooled: _Pooled, runs: Sequence[tuple[str, str]]) -> None:
+    def _push(self, pooled: _Pooled, runs: Sequence[RunMessage]) -> None:
         """On Redis: each queue's messages written with one ``LPUSH`` of their envelopes,
         the JSON that kombu's Redis transport stores for a message (body in base64, a
         delivery tag of its own), in the order given, on a connection of the channel's
@@ -387,22 +435,25 @@ class Publisher:
         through a named exchange, go through kombu."""
         channel = pooled.redis
         by_key: dict[str, list[bytes]] = {}
-        for run_id, queue in runs:
-            route = self.route(queue)
-            self._declare(pooled, route, queue)
+        for message in runs:
+            route = self.route(message.queue)
+            self._declare(pooled, route, message.queue)
             if route.exchange or route.routing_key in channel._expires:
-                self._send_one(pooled, run_id, queue)
+                self._send_one(pooled, message)
                 continue
-            key = channel._q_for_pri(route.routing_key, 0)
-            by_key.setdefault(key, []).append(self._envelope(run_id, route))
+            # kombu's Redis transport: its key for the message's priority (bounded 0-9)
+            priority = max(0, min(self.priority(message, route), 9))
+            key = channel._q_for_pri(route.routing_key, priority)
+            by_key.setdefault(key, []).append(self._envelope(message, route, priority))
         if by_key:
             pooled.push(by_key)
 
-    def _envelope(self, run_id: str, route: Route) -> bytes:
+    def _envelope(self, message: RunMessage, route: Route, priority: int) -> bytes:
         template = self.envelopes.get(route.routing_key)
         if template is None:
-            template = self.envelopes[route.routing_key] = Envelope(route, self._headers("", ""))
-        return template.render(run_id)
+            headers = self._headers(RunMessage(""), "")
+            template = self.envelopes[route.routing_key] = Envelope(route, headers)
+        return template.render(message, priority)
 
     def _declare(self, pooled: _Pooled, route: Route, queue: str) -> None:
         if route.declare and queue not in pooled.declared:
@@ -410,12 +461,12 @@ class Publisher:
             maybe_declare(route.queue, channel, retry=False)
             pooled.declared.add(queue)
 
-    def _headers(self, run_id: str, task_id: str) -> dict[str, Any]:
+    def _headers(self, message: RunMessage, task_id: str) -> dict[str, Any]:
         return {
             "lang": "py",
             "task": TASK_NAME,
             "id": task_id,
-            "shadow": None,
+            "shadow": message.workflow or None,
             "eta": None,
             "expires": None,
             "group": None,
@@ -424,7 +475,7 @@ class Publisher:
             "timelimit": [None, None],
             "root_id": task_id,
             "parent_id": None,
-            "argsrepr": f"({run_id!r},)",
+            "argsrepr": f"({message.run_id!r},)",
             "kwargsrepr": "{}",
             "origin": self.origin,
             "ignore_result": True,
@@ -433,15 +484,16 @@ class Publisher:
             "stamps": {},
         }
 
-    def _send_one(self, pooled: _Pooled, run_id: str, queue: str) -> None:
-        route = self.route(queue)
-        self._declare(pooled, route, queue)
+    def _send_one(self, pooled: _Pooled, message: RunMessage) -> None:
+        route = self.route(message.queue)
+        self._declare(pooled, route, message.queue)
         task_id = str(uuid.uuid4())
         pooled.producer.publish(
-            (_BODY_HEAD + json.dumps(run_id) + _BODY_TAIL).encode(),
+            (_BODY_HEAD + json.dumps(message.run_id) + _BODY_TAIL).encode(),
             exchange=route.exchange,
             routing_key=route.routing_key,
-            headers=self._headers(run_id, task_id),
+            headers=self._headers(message, task_id),
+            priority=self.priority(message, route),
             content_type="application/json",
             content_encoding="utf-8",
             delivery_mode=route.delivery_mode,
@@ -487,21 +539,22 @@ def publisher() -> Publisher:
     return current
 
 
-def publish_runs(runs: Iterable[tuple[str, str]]) -> None:
-    """Send the ``execute_run`` message of each ``(run_id, queue)`` (queue "" for the
-    task's default routing), on one broker connection, in one round trip on Redis.
+def publish_runs(runs: Iterable[Run]) -> None:
+    """Send the ``execute_run`` message of each run (a :class:`RunMessage`, or
+    ``(run_id, queue)`` with queue "" for the task's default routing), on one broker
+    connection, in one round trip on Redis.
 
     Raises the broker's error once the app's publish retry policy is spent; the runs
     are then sent again by the tick.
     """
-    batch = runs if isinstance(runs, Sequence) else list(runs)
+    batch = messages(runs)
     if batch:
         publisher().send(batch)
 
 
 def publish_run(run_id: str, queue: str) -> None:
     """Send the ``execute_run`` message of one run; see :func:`publish_runs`."""
-    publisher().send(((run_id, queue),))
+    publisher().send((RunMessage(run_id, queue),))
 
 
 def forget_publisher() -> None:
@@ -517,7 +570,11 @@ __all__ = [
     "TASK_NAME",
     "Publisher",
     "Route",
+    "Run",
+    "RunMessage",
+    "Runs",
     "forget_publisher",
+    "messages",
     "publish_run",
     "publish_runs",
     "publisher",

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .publishing import Publisher, publisher
+from .publishing import Publisher, RunMessage, Runs, messages, publisher
 
 logger = logging.getLogger("durable_django")
 
@@ -47,7 +47,7 @@ EXIT_FLUSH_SECONDS = 5.0
 BATCH_LIMIT = 500
 
 #: What is handed over: tuples whose first item is a run id (the module's own sender
-#: hands over ``(run_id, queue, publisher, context)``).
+#: hands over ``(run_id, message, publisher, context)``).
 Items = Sequence[tuple[Any, ...]]
 
 
@@ -127,14 +127,15 @@ class Sender:
 
 
 def _send_items(items: Items) -> None:
-    """Send ``(run_id, queue, publisher, context)`` items, each with the publisher of the
+    """Send ``(run_id, message, publisher, context)`` items, each with the publisher of the
     thread that handed it over (Celery's current app is the creating thread's) and in the
     caller's context when one was taken, one send per publisher and context; raise the
     first error once every send was tried."""
-    by_sender: dict[tuple[Publisher, int], tuple[contextvars.Context | None, list[Any]]] = {}
-    for run_id, queue, current, context in items:
+    by_sender: dict[tuple[Publisher, int], tuple[contextvars.Context | None, list[RunMessage]]]
+    by_sender = {}
+    for _, message, current, context in items:
         # a Context is not hashable; each hand-over takes one of its own
-        by_sender.setdefault((current, id(context)), (context, []))[1].append((run_id, queue))
+        by_sender.setdefault((current, id(context)), (context, []))[1].append(message)
     failed: Exception | None = None
     for (current, _), (context, runs) in by_sender.items():
         try:
@@ -174,22 +175,24 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def send_later(runs: Sequence[tuple[str, str]]) -> None:
-    """Send the ``execute_run`` message of each ``(run_id, queue)`` from the sender's
+def send_later(runs: Runs) -> None:
+    """Send the ``execute_run`` message of each run (a
+    :class:`~durable_django.publishing.RunMessage` or ``(run_id, queue)``) from the sender's
     thread, with the Celery app current in the caller's thread (and its ``contextvars``
     context when the publishing is watched); inline under Celery's ``task_always_eager``
     or uWSGI without threads."""
     if not runs:
         return
+    batch = messages(runs)
     current = publisher()
     if current.eager or not threads_run():
-        current.send(runs)
+        current.send(batch)
         return
     context = contextvars.copy_context() if current.watched() else None
     try:
-        sender().hand_over([(run_id, queue, current, context) for run_id, queue in runs])
+        sender().hand_over([(message.run_id, message, current, context) for message in batch])
     except RuntimeError:  # no new thread once the interpreter is exiting: send here
-        current.send(runs)
+        current.send(batch)
 
 
 def flush(timeout: float | None = None) -> bool:

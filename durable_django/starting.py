@@ -298,7 +298,7 @@ def retry(
     except ConcurrencyLimitError as error:
         _refused(engine, run.workflow, error, resolved)
         raise
-    engine.send(run_id, run.queue)
+    engine.send(run_id, run.queue, workflow=run.workflow)
     return RunHandle(engine, run_id, run.workflow, True)
 
 
@@ -431,7 +431,9 @@ def admit_many(
     if refused:
         _refused_many(engine, definition.name, refused, requests)
     if created:
-        engine.send_many([run.run_id for run in created], created[0].queue)
+        engine.send_many(
+            [run.run_id for run in created], created[0].queue, workflow=definition.name
+        )
         _announce_started(engine, created)
     return BatchStart([h for h in handles if h is not None], refused, handles)
 
@@ -524,7 +526,7 @@ def admit(
         _refused(engine, run.workflow, error, resolved, give_ticket=ticket is not False)
         raise
     if outcome.created:
-        engine.send(run.run_id, run.queue)
+        engine.send(run.run_id, run.queue, workflow=run.workflow)
         _announce_started(engine, (run,))
     return RunHandle(engine, run.run_id, outcome.workflow, outcome.created)
 

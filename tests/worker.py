@@ -1,9 +1,9 @@
 """Real Celery workers for the tests: started as subprocesses on the suite's broker.
 
-A worker runs ``celery -A tests.celery_app worker --pool=solo`` on one queue, against the
-test database of the pytest process that started it (``DURABLE_TEST_DB_NAME``). It is
-stopped when the ``with`` block ends, whatever happened inside, and it is killed with
-its parent should the pytest process die first.
+A worker runs ``celery -A tests.celery_app worker --pool=solo`` (or another pool) on one
+queue, against the test database of the pytest process that started it
+(``DURABLE_TEST_DB_NAME``). It is stopped when the ``with`` block ends, whatever happened
+inside, and it is killed with its parent should the pytest process die first.
 """
 
 from __future__ import annotations
@@ -120,9 +120,15 @@ class Worker:
     """A ``celery worker`` subprocess consuming one queue."""
 
     def __init__(
-        self, queue: str, *, include: Iterable[str] = (), env: Mapping[str, str] | None = None
+        self,
+        queue: str,
+        *,
+        include: Iterable[str] = (),
+        env: Mapping[str, str] | None = None,
+        pool: str = "solo",
     ) -> None:
         self.queue = queue
+        self.pool = pool
         self.hostname = f"durable-test-{uuid.uuid4().hex}@localhost"
         self.include = tuple(include)
         self.extra_env = dict(env or {})
@@ -142,7 +148,7 @@ class Worker:
             "-A",
             "tests.celery_app",
             "worker",
-            "--pool=solo",
+            f"--pool={self.pool}",
             "--concurrency=1",
             "--loglevel=warning",
             "--without-gossip",
@@ -225,10 +231,15 @@ class Worker:
 
 @contextlib.contextmanager
 def running_worker(
-    queue: str, *, include: Iterable[str] = (), env: Mapping[str, str] | None = None
+    queue: str,
+    *,
+    include: Iterable[str] = (),
+    env: Mapping[str, str] | None = None,
+    pool: str = "solo",
 ) -> Iterator[Worker]:
-    """A ready worker on ``queue`` for the block; stopped when the block ends."""
-    worker = Worker(queue, include=include, env=env)
+    """A ready worker on ``queue`` for the block; stopped when the block ends. ``pool``
+    "threads" lets it answer ``inspect`` while it runs a task."""
+    worker = Worker(queue, include=include, env=env, pool=pool)
     try:
         worker.start()
         yield worker

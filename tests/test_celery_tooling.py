@@ -1,0 +1,165 @@
+"""Celery's own tooling sees runs as it sees tasks: the workflow's name (``shadow``) in
+the message and in ``inspect active``, ``task-sent`` events, and the priority of the
+route, of ``task_default_priority``, or declared by the workflow, read back from Redis
+and RabbitMQ."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from durable_django import workflow
+from durable_django.engines import default_engine
+from durable_django.models import Run
+from durable_django.publishing import TASK_NAME, RunMessage, forget_publisher, publish_runs
+
+from .brokers import Broker
+from .celery_app import app
+from .tooling_workflows import held, urgent
+from .worker import Worker, running_worker, sent, unique_queue, wait_until
+from .worker_workflows import total
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture
+def configured() -> Iterator[Any]:
+    """Set Celery settings of the test app for the test (the publisher is made anew)."""
+    changed: dict[str, Any] = {}
+
+    def configure(**settings: Any) -> None:
+        for key, value in settings.items():
+            changed.setdefault(key, app.conf[key])
+            app.conf[key] = value
+        app.amqp.flush_routes()  # Celery reads the routes once, and builds its router then
+        app.amqp.router = app.amqp.Router()
+        forget_publisher()
+
+    try:
+        yield configure
+    finally:
+        configure(**changed)
+
+
+# the workflow's name -----------------------------------------------------------------
+
+
+def test_the_message_names_the_workflow(idle_queue: str, broker: Broker) -> None:
+    handle = total.dispatch({"a": 1, "b": 2})
+
+    [message] = broker.messages(idle_queue)
+    assert message.headers["task"] == TASK_NAME
+    assert message.headers["shadow"] == "tests.worker.total"
+    assert message.headers["argsrepr"] == repr((handle.run_id,))
+
+
+@pytest.fixture(scope="module")
+def tooling_worker(django_db_setup: None, redis_broker: Broker) -> Iterator[Worker]:
+    queue = unique_queue("durable-tooling")
+    try:
+        with running_worker(queue, include=["tests.tooling_workflows"], pool="threads") as running:
+            yield running
+    finally:
+        redis_broker.delete_queue(queue)
+
+
+def test_inspect_active_names_the_workflow(tooling_worker: Worker) -> None:
+    release = os.path.join(tempfile.gettempdir(), f"durable-release-{uuid.uuid4().hex}")
+    with override_settings(DURABLE={"ENQUEUE": True, "QUEUE": tooling_worker.queue}):
+        handle = held.dispatch({"release": release})
+    try:
+        inspector = app.control.inspect(destination=[tooling_worker.hostname], timeout=1)
+        [active] = wait_until(
+            lambda: (inspector.active() or {}).get(tooling_worker.hostname),
+            "the run in inspect active",
+            tooling_worker,
+        )
+    finally:
+        open(release, "w").close()
+    assert active["name"] == "tests.tooling.held"
+    assert active["type"] == TASK_NAME
+    assert active["args"] == [handle.run_id] or handle.run_id in str(active["args"])
+    assert tooling_worker.result(handle) == "released"
+    os.unlink(release)
+
+
+def test_task_sent_events_are_sent_when_the_app_sends_them(
+    idle_queue: str, broker: Broker, configured: Any
+) -> None:
+    configure = configured
+    configure(task_send_sent_event=True)
+    events: list[dict[str, Any]] = []
+    with app.connection_for_read() as connection:
+        receiver = app.events.Receiver(connection, handlers={"task-sent": events.append})
+        # listening before the start (on Redis, subscribed by a first wait for events)
+        with receiver.consumer_context(wakeup=False) as (conn, _channel, _consumers):
+            with contextlib.suppress(TimeoutError):
+                conn.drain_events(timeout=0.2)
+            handle = total.dispatch({"a": 1, "b": 2})
+            sent()
+            for _ in range(20):
+                if events:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    conn.drain_events(timeout=0.5)
+    [event] = events
+    assert event["name"] == TASK_NAME
+    assert event["queue"] == idle_queue
+    assert handle.run_id in event["args"]
+
+
+# priorities --------------------------------------------------------------------------
+
+
+def test_the_routes_priority_is_the_messages(
+    idle_queue: str, broker: Broker, configured: Any
+) -> None:
+    configured(task_routes={TASK_NAME: {"priority": 6}})
+    total.dispatch({"a": 1, "b": 2})
+
+    [message] = broker.all_messages(idle_queue)
+    assert message.priority == 6
+
+
+def test_task_default_priority_is_the_messages(
+    idle_queue: str, broker: Broker, configured: Any
+) -> None:
+    configured(task_default_priority=9)
+    total.dispatch({"a": 1, "b": 2})
+
+    [message] = broker.all_messages(idle_queue)
+    assert message.priority == 9
+
+
+def test_a_workflows_priority_is_over_the_routes(
+    idle_queue: str, broker: Broker, configured: Any
+) -> None:
+    configured(task_routes={TASK_NAME: {"priority": 9}})
+    urgent.dispatch({"n": 1})
+
+    [message] = broker.all_messages(idle_queue)
+    assert message.priority == 3
+    assert message.headers["shadow"] == "tests.tooling.urgent"
+
+
+def test_a_runs_priority_is_over_the_workflows(idle_queue: str, broker: Broker) -> None:
+    publish_runs([RunMessage("given", idle_queue, "tests.tooling.urgent", 6)])
+
+    [message] = broker.all_messages(idle_queue)
+    assert (message.run_ids(), message.priority) == (["given"], 6)
+
+
+@pytest.mark.parametrize("priority", [-1, 10, 2.5, "9", True])
+def test_a_bad_priority_is_refused_and_registers_nothing(priority: Any) -> None:
+    name = f"tests.tooling.bad.{uuid.uuid4().hex}"
+    with pytest.raises(ValueError, match=rf"workflow {name!r}: priority must be an int from 0"):
+        workflow(name=name, priority=priority)(lambda ctx, input: input)
+    assert name not in {d.name for d in default_engine.registry.all()}
+    assert not Run.objects.filter(workflow=name).exists()
