@@ -16,6 +16,7 @@ import datetime
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -92,6 +93,24 @@ class DatabaseLost(BaseException):
 
     A ``BaseException`` so that a body's ``except Exception`` does not swallow it.
     """
+
+
+class TimeUp(BaseException):
+    """Celery's soft time limit fired after the turn completed a step: the turn ends
+    there and the run is handed back, to go on in a turn of its own (the interrupted
+    step runs again). A step that alone outlasts the limit fails its attempt instead.
+
+    A ``BaseException`` so that a body's ``except Exception`` does not swallow it.
+    """
+
+
+def _time_up(context: Context, error: BaseException) -> bool:
+    """Whether ``error`` is Celery's soft time limit, fired after this turn completed a
+    step (billiard raises it in the worker's pool process)."""
+    limits = sys.modules.get("billiard.exceptions")
+    return (
+        context.ran > 0 and limits is not None and isinstance(error, limits.SoftTimeLimitExceeded)
+    )
 
 
 @contextlib.contextmanager
@@ -178,6 +197,8 @@ class Context:
         #: A record kept in memory until the body's next durable call or the turn's end.
         self.unwritten: StepRecord | None = None
         self._called_at = time.monotonic()
+        #: Steps run (not replayed) in this turn.
+        self.ran = 0
 
     @property
     def run_id(self) -> str:
@@ -292,7 +313,11 @@ class Context:
         try:
             result = json_copy(_outside_body(fn, *args, **kwargs), f"the result of step {name!r}")
         except Exception as error:
+            if _time_up(self, error):
+                self._flush()
+                raise TimeUp(f"Celery's soft time limit, in step {name!r}") from error
             self._fail(position, name, error, attempt, retries, backoff)
+        self.ran += 1
         if attempt > 1:
             self._record(StepRecord(position, name, result=result), replace=True)
         else:
@@ -844,6 +869,9 @@ def execute_run(engine: Engine, run_id: str) -> bool:
     except DatabaseLost as lost:
         _hand_back(engine, run, owner, str(lost))
         return True
+    except TimeUp as up:
+        _hand_back(engine, run, owner, str(up), cause="its turn ran out of time")
+        return True
     finally:
         current_context.reset(token)
     try:
@@ -900,11 +928,17 @@ def _write_turn_end(
     return RunStatus.FAILED, failed, held
 
 
-def _hand_back(engine: Engine, run: RunRecord, owner: str, why: str) -> None:
-    """After the database went away during a turn: make the run pending again, and send
-    it, if the database is back; if not, the run keeps its lease until it lapses and the
-    tick hands it on. Either way the turn recorded nothing more, and its last step runs
-    again on the next turn (steps run at least once)."""
+def _hand_back(
+    engine: Engine,
+    run: RunRecord,
+    owner: str,
+    why: str,
+    cause: str = "the database went away during its turn",
+) -> None:
+    """After the database went away during a turn (or its time ran out): make the run
+    pending again, and send it, if the database is back; if not, the run keeps its lease
+    until it lapses and the tick hands it on. Either way the turn recorded nothing more,
+    and its last step runs again on the next turn (steps run at least once)."""
     close_connections()
     try:
         handed = engine.store.transition(
@@ -918,16 +952,18 @@ def _hand_back(engine: Engine, run: RunRecord, owner: str, why: str) -> None:
     except DatabaseError as error:
         close_connections()
         logger.warning(
-            "run %r: the database went away during its turn (%s) and is still away (%s); "
+            "run %r: %s (%s); the database cannot be reached (%s), "
             "the run is handed on once its lease lapses",
             run.run_id,
+            cause,
             why,
             one_line(error),
         )
         return
     logger.warning(
-        "run %r: the database went away during its turn (%s); %s",
+        "run %r: %s (%s); %s",
         run.run_id,
+        cause,
         why,
         "handed back, to be replayed" if handed else "another worker or the tick has it",
     )
@@ -998,6 +1034,9 @@ def _run_body(body: Callable[[Any, Any], Any], context: Context) -> tuple[str, d
         failure.pop("retry_at", None)
         return RunStatus.FAILED, {"error": failure, "finished_at": timezone.now(), "wait": None}
     except Exception as error:
+        if _time_up(context, error):
+            context._flush()
+            raise TimeUp("Celery's soft time limit, between steps") from error
         return RunStatus.FAILED, {
             "error": error_payload(error),
             "finished_at": timezone.now(),

@@ -6,6 +6,7 @@ and RabbitMQ."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 import uuid
@@ -22,7 +23,7 @@ from durable_django.publishing import TASK_NAME, RunMessage, forget_publisher, p
 
 from .brokers import Broker
 from .celery_app import app
-from .tooling_workflows import held, urgent
+from .tooling_workflows import four_steps, held, urgent
 from .worker import Worker, running_worker, sent, unique_queue, wait_until
 from .worker_workflows import total
 
@@ -163,3 +164,31 @@ def test_a_bad_priority_is_refused_and_registers_nothing(priority: Any) -> None:
         workflow(name=name, priority=priority)(lambda ctx, input: input)
     assert name not in {d.name for d in default_engine.registry.all()}
     assert not Run.objects.filter(workflow=name).exists()
+
+
+# time limits ------------------------------------------------------------------------
+
+
+def test_a_soft_time_limit_between_steps_hands_the_run_back(redis_broker: Broker) -> None:
+    """Four 1.2 s steps under a 3 s soft time limit: each turn that runs out of time
+    after a step is handed back, and the run completes over several turns."""
+    queue = unique_queue("durable-soft-limit")
+    try:
+        with (
+            running_worker(
+                queue,
+                include=["tests.tooling_workflows"],
+                pool="prefork",
+                options=["--soft-time-limit=3"],
+                # the worker sends the runs it hands back
+                env={"DURABLE_TEST_DURABLE": json.dumps({"ENQUEUE": True, "QUEUE": queue})},
+            ) as limited,
+            override_settings(DURABLE={"ENQUEUE": True, "QUEUE": queue}),
+        ):
+            handle = four_steps.dispatch({"seconds": 1.2})
+            assert limited.result(handle) == 4.8
+    finally:
+        redis_broker.delete_queue(queue)
+    steps = default_engine.store.get_steps(handle.run_id)
+    assert [step.name for step in steps] == [f"pause {n}" for n in range(4)]
+    assert all(step.error is None for step in steps)

@@ -24,3 +24,13 @@ def held(ctx, input):
 @workflow(name="tests.tooling.urgent", priority=3)
 def urgent(ctx, input):
     return input
+
+
+def pause(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+@workflow(name="tests.tooling.four_steps")
+def four_steps(ctx, input):
+    return sum(ctx.step(f"pause {n}", pause, input["seconds"]) for n in range(4))

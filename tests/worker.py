@@ -126,9 +126,11 @@ class Worker:
         include: Iterable[str] = (),
         env: Mapping[str, str] | None = None,
         pool: str = "solo",
+        options: Iterable[str] = (),
     ) -> None:
         self.queue = queue
         self.pool = pool
+        self.options = tuple(options)
         self.hostname = f"durable-test-{uuid.uuid4().hex}@localhost"
         self.include = tuple(include)
         self.extra_env = dict(env or {})
@@ -161,7 +163,7 @@ class Worker:
         ]
         if self.include:
             command += ["--include", ",".join(self.include)]
-        return command
+        return command + list(self.options)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -236,10 +238,12 @@ def running_worker(
     include: Iterable[str] = (),
     env: Mapping[str, str] | None = None,
     pool: str = "solo",
+    options: Iterable[str] = (),
 ) -> Iterator[Worker]:
     """A ready worker on ``queue`` for the block; stopped when the block ends. ``pool``
-    "threads" lets it answer ``inspect`` while it runs a task."""
-    worker = Worker(queue, include=include, env=env, pool=pool)
+    "threads" lets it answer ``inspect`` while it runs a task, "prefork" enforces time
+    limits; ``options`` are more ``celery worker`` options."""
+    worker = Worker(queue, include=include, env=env, pool=pool, options=options)
     try:
         worker.start()
         yield worker
