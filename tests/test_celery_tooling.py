@@ -192,3 +192,32 @@ def test_a_soft_time_limit_between_steps_hands_the_run_back(redis_broker: Broker
     steps = default_engine.store.get_steps(handle.run_id)
     assert [step.name for step in steps] == [f"pause {n}" for n in range(4)]
     assert all(step.error is None for step in steps)
+
+
+# revoke ------------------------------------------------------------------------------
+
+
+def test_revoke_terminate_cancels_the_run_and_frees_its_slot(redis_broker: Broker) -> None:
+    queue = unique_queue("durable-revoke")
+    release = os.path.join(tempfile.gettempdir(), f"durable-release-{uuid.uuid4().hex}")
+    quota = {"key": f"tenant:{uuid.uuid4().hex}", "limit": 1}
+    try:
+        with (
+            running_worker(queue, include=["tests.tooling_workflows"], pool="prefork") as worker,
+            override_settings(DURABLE={"ENQUEUE": True, "QUEUE": queue}),
+        ):
+            handle = held.dispatch({"release": release}, concurrency=quota)
+            inspector = app.control.inspect(destination=[worker.hostname], timeout=1)
+            [active] = wait_until(
+                lambda: (inspector.active() or {}).get(worker.hostname),
+                "the run in inspect active",
+                worker,
+            )
+            app.control.revoke(active["id"], terminate=True)
+            wait_until(lambda: handle.status == "cancelled", "the run cancelled", worker)
+            # its slot is free
+            held.dispatch({"release": release}, concurrency=quota)
+    finally:
+        open(release, "w").close()
+        os.unlink(release)
+        redis_broker.delete_queue(queue)
