@@ -118,6 +118,8 @@ def _reconnect(options: dict[str, Any]) -> None:
     # The app keeps its pools once made; Celery drops them the same way after a fork.
     app._pool = None
     app.amqp._producer_pool = None
+    # the task-sent events' dispatcher, whose exchange type is the broker's (fanout on Redis)
+    app.amqp.__dict__.pop("_event_dispatcher", None)
 
 
 class RedisBroker(Broker):
