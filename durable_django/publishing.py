@@ -176,26 +176,19 @@ def _lpush_command(key: str, values: list[bytes]) -> bytes:
 
 # Placeholders for what differs from one message to the next, in an envelope's template.
 _BODY, _TASK_ID, _ARGSREPR, _TAG = "\x00body", "\x00task", "\x00args", "\x00tag"
-_SHADOW, _PRIORITY = "\x00shadow", "\x00priority"
-_SLOT = re.compile(r'"\\u0000(body|task|args|tag|shadow|priority)"')
+_SLOT = re.compile(r'"\\u0000(body|task|args|tag)"')
 
 
 class Envelope:
-    """The JSON that kombu's Redis transport stores for a message of one route: rendered
-    once with placeholders, then for each message only its run id, task id, workflow,
-    priority and delivery tag are put in (the same document ``json.dumps`` would write
-    for it)."""
+    """The JSON that kombu's Redis transport stores for a message of one route, workflow
+    and priority: rendered once with placeholders, then for each message only its run id,
+    task id and delivery tag are put in (the same document ``json.dumps`` would write for
+    it)."""
 
     __slots__ = ("literals", "slots")
 
-    def __init__(self, route: Route, headers: dict[str, Any]) -> None:
-        headers = {
-            **headers,
-            "id": _TASK_ID,
-            "root_id": _TASK_ID,
-            "argsrepr": _ARGSREPR,
-            "shadow": _SHADOW,
-        }
+    def __init__(self, route: Route, headers: dict[str, Any], priority: int) -> None:
+        headers = {**headers, "id": _TASK_ID, "root_id": _TASK_ID, "argsrepr": _ARGSREPR}
         text = json.dumps(
             {
                 "body": _BODY,
@@ -207,7 +200,7 @@ class Envelope:
                     "reply_to": "",
                     "delivery_mode": route.delivery_mode,
                     "delivery_info": {"exchange": "", "routing_key": route.routing_key},
-                    "priority": _PRIORITY,
+                    "priority": priority,
                     "body_encoding": "base64",
                     "delivery_tag": _TAG,
                 },
@@ -217,18 +210,14 @@ class Envelope:
         self.literals = [piece.encode() for piece in pieces[0::2]]
         self.slots = pieces[1::2]
 
-    def render(self, message: RunMessage, priority: int) -> bytes:
-        """The envelope of ``message`` at ``priority``, with a new task id and delivery
-        tag."""
-        run_id = message.run_id
+    def render(self, run_id: str) -> bytes:
+        """The envelope of ``run_id``'s message, with a new task id and delivery tag."""
         body = (_BODY_HEAD + json.dumps(run_id) + _BODY_TAIL).encode()
         values = {
             "body": b'"' + base64.b64encode(body) + b'"',
             "task": b'"%s"' % str(uuid.uuid4()).encode(),
             "args": json.dumps(f"({run_id!r},)").encode(),
             "tag": b'"%s"' % str(uuid.uuid4()).encode(),
-            "shadow": json.dumps(message.workflow or None).encode(),
-            "priority": b"%d" % priority,
         }
         parts = [self.literals[0]]
         for slot, literal in zip(self.slots, self.literals[1:], strict=True):
@@ -262,7 +251,8 @@ class Publisher:
         limit = conf.broker_pool_limit
         self.limit = 10 if limit is None else int(limit)
         self.routes: dict[str, Route] = {}
-        self.envelopes: dict[str, Envelope] = {}
+        # by routing key, workflow and priority: a few per workflow
+        self.envelopes: dict[tuple[str, str, int], Envelope] = {}
         self.idle: deque[_Pooled] = deque()
         self._eager = bool(conf.task_always_eager)
         self.sent_events = bool(conf.task_send_sent_event)
@@ -368,10 +358,12 @@ class Publisher:
             task.apply_async((run_id,), **options)
 
     def priority(self, message: RunMessage, route: Route) -> int:
-        """The priority ``message`` goes out with: its own, the route's, or 0."""
-        if message.priority is not None:
-            return message.priority
-        return route.priority or 0
+        """The priority ``message`` goes out with: its own, the route's, or 0, within
+        Celery's 0-9."""
+        priority = message.priority
+        if priority is None:
+            priority = route.priority or 0
+        return priority if 0 <= priority <= 9 else min(max(priority, 0), 9)
 
     def publish(self, runs: Runs) -> None:
         """Send one message per run; retry on a broker error as the app's
@@ -441,19 +433,19 @@ class Publisher:
             if route.exchange or route.routing_key in channel._expires:
                 self._send_one(pooled, message)
                 continue
-            # kombu's Redis transport: its key for the message's priority (bounded 0-9)
-            priority = max(0, min(self.priority(message, route), 9))
-            key = channel._q_for_pri(route.routing_key, priority)
+            priority = self.priority(message, route)
+            key = channel._q_for_pri(route.routing_key, priority)  # kombu's, per priority
             by_key.setdefault(key, []).append(self._envelope(message, route, priority))
         if by_key:
             pooled.push(by_key)
 
     def _envelope(self, message: RunMessage, route: Route, priority: int) -> bytes:
-        template = self.envelopes.get(route.routing_key)
+        kept = (route.routing_key, message.workflow, priority)
+        template = self.envelopes.get(kept)
         if template is None:
-            headers = self._headers(RunMessage(""), "")
-            template = self.envelopes[route.routing_key] = Envelope(route, headers)
-        return template.render(message, priority)
+            headers = self._headers(RunMessage("", workflow=message.workflow), "")
+            template = self.envelopes[kept] = Envelope(route, headers, priority)
+        return template.render(message.run_id)
 
     def _declare(self, pooled: _Pooled, route: Route, queue: str) -> None:
         if route.declare and queue not in pooled.declared:
@@ -547,7 +539,7 @@ def publish_runs(runs: Iterable[Run]) -> None:
     Raises the broker's error once the app's publish retry policy is spent; the runs
     are then sent again by the tick.
     """
-    batch = messages(runs)
+    batch = runs if isinstance(runs, Sequence) else list(runs)
     if batch:
         publisher().send(batch)
 
