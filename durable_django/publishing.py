@@ -346,7 +346,7 @@ class Publisher:
         when the publishing is :meth:`watched`, send them through ``apply_async`` instead,
         as Celery does for any task."""
         if not (self.eager or self.watched()):
-            self.publish(runs)
+            self._publish(messages(runs))
             return
         task = self.app.tasks[TASK_NAME]
         for run_id, queue, workflow, priority in messages(runs):
@@ -369,7 +369,9 @@ class Publisher:
         """Send one message per run; retry on a broker error as the app's
         publish retry policy says (an unbounded ``max_retries`` is taken as 3), on a new
         connection each time; raise the last error."""
-        batch = messages(runs)
+        self._publish(messages(runs))
+
+    def _publish(self, batch: Sequence[RunMessage]) -> None:
         most_retries = self.policy.get("max_retries", 3)
         retries = (3 if most_retries is None else int(most_retries)) if self.retry else 0
         interval = float(self.policy.get("interval_start", 0) or 0)

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .publishing import Publisher, RunMessage, Runs, messages, publisher
+from .publishing import Publisher, Run, Runs, publisher
 
 logger = logging.getLogger("durable_django")
 
@@ -47,7 +47,7 @@ EXIT_FLUSH_SECONDS = 5.0
 BATCH_LIMIT = 500
 
 #: What is handed over: tuples whose first item is a run id (the module's own sender
-#: hands over ``(run_id, message, publisher, context)``).
+#: hands over ``(run_id, run, publisher, context)``).
 Items = Sequence[tuple[Any, ...]]
 
 
@@ -127,15 +127,17 @@ class Sender:
 
 
 def _send_items(items: Items) -> None:
-    """Send ``(run_id, message, publisher, context)`` items, each with the publisher of the
+    """Send ``(run_id, run, publisher, context)`` items, each with the publisher of the
     thread that handed it over (Celery's current app is the creating thread's) and in the
     caller's context when one was taken, one send per publisher and context; raise the
     first error once every send was tried."""
-    by_sender: dict[tuple[Publisher, int], tuple[contextvars.Context | None, list[RunMessage]]]
-    by_sender = {}
+    by_sender: dict[tuple[Publisher, int], tuple[contextvars.Context | None, list[Run]]] = {}
     for _, message, current, context in items:
-        # a Context is not hashable; each hand-over takes one of its own
-        by_sender.setdefault((current, id(context)), (context, []))[1].append(message)
+        key = (current, id(context))  # a Context is not hashable; a hand-over takes its own
+        group = by_sender.get(key)
+        if group is None:
+            group = by_sender[key] = (context, [])
+        group[1].append(message)
     failed: Exception | None = None
     for (current, _), (context, runs) in by_sender.items():
         try:
@@ -183,16 +185,15 @@ def send_later(runs: Runs) -> None:
     or uWSGI without threads."""
     if not runs:
         return
-    batch = messages(runs)
     current = publisher()
     if current.eager or not threads_run():
-        current.send(batch)
+        current.send(runs)
         return
     context = contextvars.copy_context() if current.watched() else None
     try:
-        sender().hand_over([(message.run_id, message, current, context) for message in batch])
+        sender().hand_over([(run[0], run, current, context) for run in runs])
     except RuntimeError:  # no new thread once the interpreter is exiting: send here
-        current.send(batch)
+        current.send(runs)
 
 
 def flush(timeout: float | None = None) -> bool:
