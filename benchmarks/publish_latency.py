@@ -69,7 +69,7 @@ def main() -> None:
     class CelerySendEngine(Engine):
         """The engine as it sent before the lean publish: Celery's ``apply_async``."""
 
-        def send(self, run_id: str, queue: str) -> None:
+        def send(self, run_id: str, queue: str, **_: object) -> None:
             self.store.on_commit(
                 lambda: execute_run.apply_async((run_id,), queue=queue, serializer="json")
             )

@@ -9,6 +9,13 @@ Run from the repository root::
     .venv/bin/python benchmarks/start_path.py [--starts 2000] [--history 1000000]
     .venv/bin/python benchmarks/start_path.py --batches-only [--batch-size 100]
     .venv/bin/python benchmarks/start_path.py --variants b,view,bF,bF2,viewF [--history 0]
+    .venv/bin/python benchmarks/start_path.py --variants b,bi,view,bS,biS,viewS,bO,biO,viewO
+
+The rows ending in S run with sentry-sdk's Celery integration on (every transaction
+sampled, sent nowhere), those ending in O with OpenTelemetry's Celery instrumentation
+(spans exported to nowhere, in batches); each start (and each view) in a transaction or
+span of its own, as a request's. Their messages go through ``apply_async`` in the
+caller's context, so that the worker continues the trace.
 
 The batch section needs the ``bench`` extra (Procrastinate); without it, it is skipped.
 
@@ -29,6 +36,7 @@ medians of the per-round ratios (the machine is shared, so compare rows, not abs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import os
@@ -39,7 +47,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,6 +96,83 @@ class Variant:
     start: Callable[[], object]
     samples: list[float] = field(default_factory=list)  # µs, every start
     rounds: list[float] = field(default_factory=list)  # µs, each round's median
+    #: What the variant's starts run under (an instrumentation switched on).
+    around: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext
+
+
+@contextlib.contextmanager
+def sentry_on() -> Iterator[None]:
+    """sentry-sdk with its Celery integration, every transaction sampled, sent nowhere."""
+    import sentry_sdk
+    from sentry_sdk.integrations.celery import CeleryIntegration
+    from sentry_sdk.transport import Transport
+
+    class Nowhere(Transport):
+        def capture_envelope(self, envelope: object) -> None:
+            pass
+
+    sentry_sdk.init(
+        dsn="https://public@sentry.invalid/1",
+        transport=Nowhere(),
+        integrations=[CeleryIntegration()],
+        default_integrations=False,
+        auto_enabling_integrations=False,
+        traces_sample_rate=1.0,
+    )
+    try:
+        yield
+    finally:
+        sentry_sdk.get_client().close()
+        sentry_sdk.init(default_integrations=False, auto_enabling_integrations=False)
+
+
+def in_sentry_transaction(start: Callable[[], object]) -> Callable[[], object]:
+    def traced() -> object:
+        import sentry_sdk
+
+        with sentry_sdk.start_transaction(op="http.server", name="bench"):
+            return start()
+
+    return traced
+
+
+_tracer_provider = None
+
+
+@contextlib.contextmanager
+def otel_on() -> Iterator[None]:
+    """OpenTelemetry's Celery instrumentation, its spans exported in batches to nowhere."""
+    global _tracer_provider
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Nowhere(SpanExporter):
+        def export(self, spans: object) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    if _tracer_provider is None:
+        _tracer_provider = TracerProvider()
+        _tracer_provider.add_span_processor(BatchSpanProcessor(Nowhere()))
+    instrumentor = CeleryInstrumentor()
+    instrumentor.instrument(tracer_provider=_tracer_provider)
+    try:
+        yield
+    finally:
+        instrumentor.uninstrument()
+
+
+def in_otel_span(start: Callable[[], object]) -> Callable[[], object]:
+    def traced() -> object:
+        assert _tracer_provider is not None
+        with _tracer_provider.get_tracer("bench").start_as_current_span("bench"):
+            return start()
+
+    return traced
 
 
 def parse_args() -> argparse.Namespace:
@@ -494,7 +579,7 @@ def main() -> None:
     class CelerySendEngine(Engine):
         """The engine as it sent before the lean publish: Celery's ``apply_async``."""
 
-        def send(self, run_id: str, queue: str) -> None:
+        def send(self, run_id: str, queue: str, **_: object) -> None:
             self.store.on_commit(
                 lambda: execute_run.apply_async((run_id,), queue=queue, serializer="json")
             )
@@ -682,6 +767,20 @@ def main() -> None:
             fresh(lambda: function_first.start("bench.quota", INPUT_SMALL)),
         ),
         "viewF": Variant("   fresh connection: view", fresh(view)),
+        "bS": Variant("   Sentry on: b", in_sentry_transaction(dispatch_quota), around=sentry_on),
+        "biS": Variant(
+            "   Sentry on: bi",
+            in_sentry_transaction(lambda: inline.start("bench.quota", INPUT_SMALL)),
+            around=sentry_on,
+        ),
+        "viewS": Variant("   Sentry on: view", in_sentry_transaction(view), around=sentry_on),
+        "bO": Variant("   OTel on: b", in_otel_span(dispatch_quota), around=otel_on),
+        "biO": Variant(
+            "   OTel on: bi",
+            in_otel_span(lambda: inline.start("bench.quota", INPUT_SMALL)),
+            around=otel_on,
+        ),
+        "viewO": Variant("   OTel on: view", in_otel_span(view), around=otel_on),
         "na": Variant(
             "   no publish: no quota", lambda: fast_no_publish.start("bench.plain", INPUT_SMALL)
         ),
@@ -726,10 +825,14 @@ def main() -> None:
 
     # Warm up: connections, Celery's producer pool and queue declaration, cached plans.
     for variant in variants.values():
-        for _ in range(20):
-            variant.start()
+        with variant.around():
+            for _ in range(20):
+                variant.start()
     complete_quota_runs()
-    trips = {name: count_round_trips(v.start) for name, v in variants.items()}
+    trips = {}
+    for name, variant in variants.items():
+        with variant.around():
+            trips[name] = count_round_trips(variant.start)
     untraced = {"bF", "bF2", "viewF", "defer"}  # on a connection the trace does not follow
     complete_quota_runs()
 
@@ -748,15 +851,16 @@ def main() -> None:
             start = variant.start
             times = []
             gc.collect()
-            gc.disable()
-            try:
-                for _ in range(args.batch):
-                    t0 = clock()
-                    start()
-                    times.append((clock() - t0) / 1000)
-                times = settled(times)
-            finally:
-                gc.enable()
+            with variant.around():
+                gc.disable()
+                try:
+                    for _ in range(args.batch):
+                        t0 = clock()
+                        start()
+                        times.append((clock() - t0) / 1000)
+                    times = settled(times)
+                finally:
+                    gc.enable()
             variant.samples += times
             variant.rounds.append(statistics.median(times))
         complete_quota_runs()
@@ -831,6 +935,12 @@ def main() -> None:
         ("nc", "nb", None),
         ("a", "raw", None),
         ("b", "raw", None),
+        ("bS", "b", None),
+        ("viewS", "view", None),
+        ("biS", "viewS", None),
+        ("bO", "b", None),
+        ("viewO", "view", None),
+        ("biO", "viewO", None),
     ]
     for top, bottom, goal in goals:
         if top not in variants or bottom not in variants:

@@ -1,4 +1,4 @@
-"""The app's configuration: workflow discovery and system checks at startup."""
+"""The app's configuration: workflow discovery, system checks and Celery tasks at startup."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from django.apps import AppConfig
 
 
 class DurableConfig(AppConfig):
-    """Discovers each installed app's ``workflows`` module and registers the checks."""
+    """Discovers each installed app's ``workflows`` module, registers the checks and the
+    Celery tasks (so that ``task_always_eager`` finds them in any process)."""
 
     name = "durable_django"
     verbose_name = "Durable workflows"
@@ -18,7 +19,8 @@ class DurableConfig(AppConfig):
         from django.core.signals import setting_changed
         from django.utils.module_loading import autodiscover_modules
 
-        from . import checks  # noqa: F401  (registers the system checks)
+        # registers the system checks, and the Celery tasks execute_run and tick
+        from . import checks, tasks  # noqa: F401
         from .engines import default_engine
 
         def reload_engine(setting: str, **kwargs: object) -> None:

@@ -408,6 +408,7 @@ def workflow(
     tags: Iterable[str] = (),
     on_event: Iterable[str] = (),
     schedule: Any = None,
+    priority: int | None = None,
     engine: Engine | None = None,
 ) -> WorkflowDecorator:
     """Declare a workflow: a ``BaseWorkflow`` subclass or a function ``fn(ctx, input)``.
@@ -416,7 +417,9 @@ def workflow(
     :class:`~durable_django.Concurrency` or a dict with the same keys, or a list of them (a
     start must pass every one); ``on_event`` names
     the events that start it; ``schedule`` declares its persisted schedule(s) (see
-    :class:`~durable_django.schedules.ScheduleSpec`). A class is returned
+    :class:`~durable_django.schedules.ScheduleSpec`); ``priority`` (0-9) is its run
+    messages' Celery priority, over the route's and ``task_default_priority``. A class
+    is returned
     with its start methods; a function is returned as a :class:`Workflow`.
     """
 
@@ -437,6 +440,7 @@ def workflow(
             tags=tags,
             on_event=on_event,
             schedule=schedule,
+            priority=priority,
         )
         target_engine = engine if engine is not None else default_engine
         declared = Workflow(target_engine.registry.add(definition), engine)

@@ -17,7 +17,7 @@ from django.utils import timezone
 from . import concurrency as quotas
 from . import estimates, metrics, starting
 from .conf import build_store, durable_settings
-from .errors import RunNotFound, RunTimeout
+from .errors import RunNotFound, RunTimeout, WorkflowNotFound
 from .estimates import Holder
 from .events import PublishResult, publish
 from .execution import execute_run
@@ -186,6 +186,7 @@ class Engine:
         tags: Iterable[str] = (),
         on_event: Iterable[str] = (),
         schedule: Any = None,
+        priority: int | None = None,
     ) -> WorkflowDefinition:
         """Register a workflow whose code runs in another deployment serving ``queue``.
 
@@ -203,6 +204,7 @@ class Engine:
                 tags=tags,
                 on_event=on_event,
                 schedule=schedule,
+                priority=priority,
             )
         )
 
@@ -353,24 +355,45 @@ class Engine:
             self, parent, workflow, input, run_id, concurrency=concurrency, tags=tags
         )
 
-    def send(self, run_id: str, queue: str) -> None:
+    def send(
+        self, run_id: str, queue: str, *, workflow: str = "", priority: int | None = None
+    ) -> None:
         """Have a worker execute the run once the current transaction commits (a message on
         ``queue``; nothing when the engine does not enqueue or its store is not shared).
         The message leaves from this process's sender thread unless ``PUBLISH`` is
-        ``"inline"``."""
+        ``"inline"``. ``workflow`` names it in Celery's tools; ``priority`` defaults to
+        the workflow's (:meth:`message_priority`)."""
         config = self.config
         if config.enqueue and config.store.is_shared:
-            later = config.sends_later
-            config.store.on_commit(lambda: send_run(run_id, queue, later=later))
+            self.send_many((run_id,), queue, workflow=workflow, priority=priority)
 
-    def send_many(self, run_ids: Sequence[str], queue: str) -> None:
+    def send_many(
+        self,
+        run_ids: Sequence[str],
+        queue: str,
+        *,
+        workflow: str = "",
+        priority: int | None = None,
+    ) -> None:
         """``send`` for several runs of one queue: their messages are sent together
         (:func:`send_runs`) once the current transaction commits."""
         config = self.config
         if run_ids and config.enqueue and config.store.is_shared:
-            batch = list(run_ids)
+            if priority is None:
+                priority = self.message_priority(workflow)
+            batch = [(run_id, queue, workflow, priority) for run_id in run_ids]
             later = config.sends_later
-            config.store.on_commit(lambda: send_runs(batch, queue, later=later))
+            config.store.on_commit(lambda: send_runs(batch, later=later))
+
+    def message_priority(self, workflow: str) -> int | None:
+        """The priority declared by ``workflow``'s latest version here, if any (else its
+        messages take the route's or Celery's ``task_default_priority``)."""
+        if not workflow:
+            return None
+        try:
+            return self.registry.latest(workflow).priority
+        except WorkflowNotFound:
+            return None
 
     # waking, signals, cancel and retry ----------------------------------------------
 
@@ -384,7 +407,7 @@ class Engine:
             run_id, [RunStatus.SUSPENDED], RunStatus.PENDING, wake_at=None, wait=None
         )
         if woken:
-            self.send(run_id, run.queue)
+            self.send(run_id, run.queue, workflow=run.workflow)
         return woken
 
     def signal(self, token: str, payload: Any = None) -> None:
@@ -601,16 +624,21 @@ def send_run(run_id: str, queue: str, *, later: bool = False) -> None:
     """Send the Celery message that makes a worker execute ``run_id`` (JSON, never pickle):
     the lean publish of :mod:`durable_django.publishing`, inline, or from this process's
     sender thread when ``later`` (:mod:`durable_django.sending`)."""
-    send_runs((run_id,), queue, later=later)
+    send_runs([(run_id, queue, "", None)], later=later)
 
 
-def send_runs(run_ids: Sequence[str], queue: str, *, later: bool = False) -> None:
-    """Send the Celery messages of several runs on ``queue`` together: one message per
-    run, as :func:`send_run` makes it, in one call of
+#: A run's message as the engine hands it over: :class:`~durable_django.publishing.RunMessage`'s
+#: fields ``(run_id, queue, workflow, priority)``; a tuple, so that the engine imports
+#: neither Celery nor kombu.
+Message = tuple[str, str, str, int | None]
+
+
+def send_runs(runs: Sequence[Message], *, later: bool = False) -> None:
+    """Send the Celery messages of several runs together: one message per run, as
+    :func:`send_run` makes it, in one call of
     :func:`~durable_django.publishing.publish_runs` (one broker connection, one round
     trip on Redis; with ``task_always_eager`` each run executes at once); from this
     process's sender thread when ``later``."""
-    runs = [(run_id, queue) for run_id in run_ids]
     if later:
         from .sending import send_later
 

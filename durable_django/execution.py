@@ -16,6 +16,7 @@ import datetime
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -89,6 +90,21 @@ class DatabaseLost(ControlFlow):
     """The store's database went away during a durable call (a restart, a failover, a
     network cut). The turn ends and records nothing; the run is handed back, to be
     replayed, rather than failed for what was no fault of its own."""
+
+
+class TimeUp(ControlFlow):
+    """Celery's soft time limit fired after the turn completed a step: the turn ends
+    there and the run is handed back, to go on in a turn of its own (the interrupted
+    step runs again). A step that alone outlasts the limit fails its attempt instead."""
+
+
+def _time_up(context: Context, error: BaseException) -> bool:
+    """Whether ``error`` is Celery's soft time limit, fired after this turn completed a
+    step (billiard raises it in the worker's pool process)."""
+    limits = sys.modules.get("billiard.exceptions")
+    return (
+        context.ran > 0 and limits is not None and isinstance(error, limits.SoftTimeLimitExceeded)
+    )
 
 
 @contextlib.contextmanager
@@ -175,6 +191,8 @@ class Context:
         #: A record kept in memory until the body's next durable call or the turn's end.
         self.unwritten: StepRecord | None = None
         self._called_at = time.monotonic()
+        #: Steps run (not replayed) in this turn.
+        self.ran = 0
 
     @property
     def run_id(self) -> str:
@@ -291,9 +309,11 @@ class Context:
                 what = f"the result of step {name!r}"
                 result = json_copy(_outside_body(fn, *args, **kwargs), what)
         except BaseException as error:
+            self._stop_if_time_up(error, f"in step {name!r}")
             if not user_failure(error):
                 raise
             self._fail(position, name, error, attempt, retries, backoff)
+        self.ran += 1
         if attempt > 1:
             self._record(StepRecord(position, name, result=result), replace=True)
         else:
@@ -338,10 +358,12 @@ class Context:
             with observing.step(self.run, name, attempt, "transaction"):
                 result = self._in_transaction(step, attempt > 1, fn, args, kwargs)
         except BaseException as error:
+            self._stop_if_time_up(error, f"in step {name!r}")
             if not user_failure(error):
                 raise
             self._flush()
             self._fail(position, name, error, attempt, retries, backoff, "transaction")
+        self.ran += 1
         self._recorded[position] = dataclasses.replace(step, result=result)
         return result
 
@@ -381,6 +403,13 @@ class Context:
             self.unwritten = unwritten
             raise
         return result
+
+    def _stop_if_time_up(self, error: BaseException, where: str) -> None:
+        """Raise :class:`TimeUp` when ``error`` is Celery's soft time limit fired after
+        this turn completed a step, with the records made so far written."""
+        if _time_up(self, error):
+            self._flush()
+            raise TimeUp(f"Celery's soft time limit, {where}") from error
 
     def _fail(
         self,
@@ -864,6 +893,9 @@ def _turn(
     except DatabaseLost as lost:
         _hand_back(engine, run, owner, str(lost))
         return "handed_back"
+    except TimeUp as up:
+        _hand_back(engine, run, owner, str(up), cause="its turn ran out of time")
+        return "handed_back"
     finally:
         current_context.reset(token)
     try:
@@ -921,11 +953,17 @@ def _write_turn_end(
     return RunStatus.FAILED, failed, held
 
 
-def _hand_back(engine: Engine, run: RunRecord, owner: str, why: str) -> None:
-    """After the database went away during a turn: make the run pending again, and send
-    it, if the database is back; if not, the run keeps its lease until it lapses and the
-    tick hands it on. Either way the turn recorded nothing more, and its last step runs
-    again on the next turn (steps run at least once)."""
+def _hand_back(
+    engine: Engine,
+    run: RunRecord,
+    owner: str,
+    why: str,
+    cause: str = "the database went away during its turn",
+) -> None:
+    """After the database went away during a turn (or its time ran out): make the run
+    pending again, and send it, if the database is back; if not, the run keeps its lease
+    until it lapses and the tick hands it on. Either way the turn recorded nothing more,
+    and its last step runs again on the next turn (steps run at least once)."""
     close_connections()
     try:
         handed = engine.store.transition(
@@ -939,21 +977,23 @@ def _hand_back(engine: Engine, run: RunRecord, owner: str, why: str) -> None:
     except DatabaseError as error:
         close_connections()
         logger.warning(
-            "run %r: the database went away during its turn (%s) and is still away (%s); "
+            "run %r: %s (%s); the database cannot be reached (%s), "
             "the run is handed on once its lease lapses",
             run.run_id,
+            cause,
             why,
             one_line(error),
         )
         return
     logger.warning(
-        "run %r: the database went away during its turn (%s); %s",
+        "run %r: %s (%s); %s",
         run.run_id,
+        cause,
         why,
         "handed back, to be replayed" if handed else "another worker or the tick has it",
     )
     if handed:
-        engine.send(run.run_id, run.queue)
+        engine.send(run.run_id, run.queue, workflow=run.workflow)
 
 
 def _unwritten_payload(status: str, error: Exception) -> dict[str, Any]:
@@ -1019,6 +1059,7 @@ def _run_body(body: Callable[[Any, Any], Any], context: Context) -> tuple[str, d
         failure.pop("retry_at", None)
         return RunStatus.FAILED, {"error": failure, "finished_at": timezone.now(), "wait": None}
     except BaseException as error:
+        context._stop_if_time_up(error, "between steps")
         if not user_failure(error):
             raise
         return RunStatus.FAILED, {

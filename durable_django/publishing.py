@@ -16,6 +16,12 @@ app's delivery mode, compression and publish retry policy. The producers follow 
 Celery app: when its connection pool is replaced (new broker settings, a fork), the old
 producers are dropped and new ones connect. With Celery's ``task_always_eager`` (a test
 setting), runs go through ``apply_async`` and execute at once, as Celery does.
+
+When something watches Celery's publishing (:func:`watched`: a receiver of
+``before_task_publish`` or ``after_task_publish``, sentry-sdk's Celery integration, or
+``task_send_sent_event``), the messages go through ``apply_async`` too, so that the
+tracing integrations put the caller's trace in their headers and events are sent, as for
+any task.
 """
 
 from __future__ import annotations
@@ -25,15 +31,17 @@ import contextlib
 import json
 import os
 import re
+import sys
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery import Celery
+from celery import signals as celery_signals
 from celery.app import app_or_default
 from celery.utils.nodenames import anon_nodename
 from kombu import Connection, Producer, Queue
@@ -48,17 +56,39 @@ _BODY_HEAD = "[["
 _BODY_TAIL = '], {}, {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
 
 
+class RunMessage(NamedTuple):
+    """One run's message: its run id, its queue ("" for the task's default routing), the
+    workflow's name (shown as the task's name by Celery's tools: the ``shadow`` header),
+    and its priority (``None``: the route's, or ``task_default_priority``)."""
+
+    run_id: str
+    queue: str = ""
+    workflow: str = ""
+    priority: int | None = None
+
+
+#: A run to send: a :class:`RunMessage`, or a tuple of its fields (at least the first two).
+Run = RunMessage | tuple[str, str] | tuple[str, str, str, int | None]
+Runs = Sequence[Run]
+
+
+def messages(runs: Iterable[Run]) -> list[RunMessage]:
+    """``runs`` as :class:`RunMessage` s."""
+    return [run if isinstance(run, RunMessage) else RunMessage(*run) for run in runs]
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
     """Where the messages of one queue go, as Celery's router and ``send_task_message``
-    decide for the task: the queue to declare, the exchange and routing key, and the
-    delivery mode."""
+    decide for the task: the queue to declare, the exchange and routing key, the
+    delivery mode, and the priority (the route's, or ``task_default_priority``)."""
 
     queue: Queue
     exchange: str
     routing_key: str
     delivery_mode: Any
     declare: bool
+    priority: int | None = None
 
 
 class _Pooled:
@@ -150,13 +180,14 @@ _SLOT = re.compile(r'"\\u0000(body|task|args|tag)"')
 
 
 class Envelope:
-    """The JSON that kombu's Redis transport stores for a message of one route: rendered
-    once with placeholders, then for each message only its run id, task id and delivery
-    tag are put in (the same document ``json.dumps`` would write for it)."""
+    """The JSON that kombu's Redis transport stores for a message of one route, workflow
+    and priority: rendered once with placeholders, then for each message only its run id,
+    task id and delivery tag are put in (the same document ``json.dumps`` would write for
+    it)."""
 
     __slots__ = ("literals", "slots")
 
-    def __init__(self, route: Route, headers: dict[str, Any]) -> None:
+    def __init__(self, route: Route, headers: dict[str, Any], priority: int) -> None:
         headers = {**headers, "id": _TASK_ID, "root_id": _TASK_ID, "argsrepr": _ARGSREPR}
         text = json.dumps(
             {
@@ -169,7 +200,7 @@ class Envelope:
                     "reply_to": "",
                     "delivery_mode": route.delivery_mode,
                     "delivery_info": {"exchange": "", "routing_key": route.routing_key},
-                    "priority": 0,
+                    "priority": priority,
                     "body_encoding": "base64",
                     "delivery_tag": _TAG,
                 },
@@ -220,9 +251,12 @@ class Publisher:
         limit = conf.broker_pool_limit
         self.limit = 10 if limit is None else int(limit)
         self.routes: dict[str, Route] = {}
-        self.envelopes: dict[str, Envelope] = {}
+        # by routing key, workflow and priority: a few per workflow
+        self.envelopes: dict[tuple[str, str, int], Envelope] = {}
         self.idle: deque[_Pooled] = deque()
         self._eager = bool(conf.task_always_eager)
+        self.sent_events = bool(conf.task_send_sent_event)
+        self.default_priority: int | None = conf.task_default_priority
 
     @property
     def eager(self) -> bool:
@@ -249,7 +283,10 @@ class Publisher:
     def _resolve(self, queue: str) -> Route:
         app = self.app
         amqp = app.amqp
-        options = amqp.router.route({"queue": queue} if queue else {}, TASK_NAME, (), {})
+        asked: dict[str, Any] = {"queue": queue} if queue else {}
+        if self.default_priority is not None:  # as Task.apply_async: over the route's
+            asked["priority"] = self.default_priority
+        options = amqp.router.route(asked, TASK_NAME, (), {})
         target = options.get("queue")
         if target is None:
             target = amqp.default_queue
@@ -274,6 +311,7 @@ class Publisher:
             routing_key=routing_key,
             delivery_mode=delivery_mode,
             declare=not isinstance(target, Broadcast),
+            priority=options.get("priority"),
         )
 
     # the pool ---------------------------------------------------------------------
@@ -297,23 +335,43 @@ class Publisher:
 
     # sending ----------------------------------------------------------------------
 
-    def send(self, runs: Sequence[tuple[str, str]]) -> None:
-        """:meth:`publish` the runs' messages; under Celery's ``task_always_eager``, run
-        them here through ``apply_async`` instead, as Celery does."""
-        if not self.eager:
-            self.publish(runs)
+    def watched(self) -> bool:
+        """Whether the messages must go through ``apply_async``: Celery's publish signals
+        have a receiver, sentry-sdk's Celery integration is active, or the app sends
+        ``task-sent`` events."""
+        return self.sent_events or _publishing_watched()
+
+    def send(self, runs: Runs) -> None:
+        """:meth:`publish` the runs' messages; under Celery's ``task_always_eager``, or
+        when the publishing is :meth:`watched`, send them through ``apply_async`` instead,
+        as Celery does for any task."""
+        if not (self.eager or self.watched()):
+            self._publish(messages(runs))
             return
         task = self.app.tasks[TASK_NAME]
-        for run_id, queue in runs:
-            if queue:
-                task.apply_async((run_id,), queue=queue)
-            else:  # the task's default routing
-                task.apply_async((run_id,))
+        for run_id, queue, workflow, priority in messages(runs):
+            options: dict[str, Any] = {"shadow": workflow or None}
+            if queue:  # else the task's default routing
+                options["queue"] = queue
+            if priority is not None:
+                options["priority"] = priority
+            task.apply_async((run_id,), **options)
 
-    def publish(self, runs: Sequence[tuple[str, str]]) -> None:
-        """Send one message per ``(run_id, queue)``; retry on a broker error as the app's
+    def priority(self, message: RunMessage, route: Route) -> int:
+        """The priority ``message`` goes out with: its own, the route's, or 0, within
+        Celery's 0-9."""
+        priority = message.priority
+        if priority is None:
+            priority = route.priority or 0
+        return priority if 0 <= priority <= 9 else min(max(priority, 0), 9)
+
+    def publish(self, runs: Runs) -> None:
+        """Send one message per run; retry on a broker error as the app's
         publish retry policy says (an unbounded ``max_retries`` is taken as 3), on a new
         connection each time; raise the last error."""
+        self._publish(messages(runs))
+
+    def _publish(self, batch: Sequence[RunMessage]) -> None:
         most_retries = self.policy.get("max_retries", 3)
         retries = (3 if most_retries is None else int(most_retries)) if self.retry else 0
         interval = float(self.policy.get("interval_start", 0) or 0)
@@ -323,7 +381,7 @@ class Publisher:
         while True:
             pooled = self._acquire()
             try:
-                self._send(pooled, runs)
+                self._send(pooled, batch)
             except BaseException as error:
                 pooled.close()  # a connection that failed is never reused
                 connection = pooled.connection
@@ -343,7 +401,7 @@ class Publisher:
                 self._release(pooled)
                 return
 
-    def _send(self, pooled: _Pooled, runs: Sequence[tuple[str, str]]) -> None:
+    def _send(self, pooled: _Pooled, runs: Sequence[RunMessage]) -> None:
         if not pooled.ready:
             pooled.prepare()
         if pooled.redis is not None and self.compression is None:
@@ -357,13 +415,13 @@ class Publisher:
             and getattr(producer, "supports_batch_publish", False)
         ):
             with batch():  # one round trip on Redis
-                for run_id, queue in runs:
-                    self._send_one(pooled, run_id, queue)
+                for message in runs:
+                    self._send_one(pooled, message)
         else:
-            for run_id, queue in runs:
-                self._send_one(pooled, run_id, queue)
+            for message in runs:
+                self._send_one(pooled, message)
 
-    def _push(self, pooled: _Pooled, runs: Sequence[tuple[str, str]]) -> None:
+    def _push(self, pooled: _Pooled, runs: Sequence[RunMessage]) -> None:
         """On Redis: each queue's messages written with one ``LPUSH`` of their envelopes,
         the JSON that kombu's Redis transport stores for a message (body in base64, a
         delivery tag of its own), in the order given, on a connection of the channel's
@@ -371,22 +429,25 @@ class Publisher:
         through a named exchange, go through kombu."""
         channel = pooled.redis
         by_key: dict[str, list[bytes]] = {}
-        for run_id, queue in runs:
-            route = self.route(queue)
-            self._declare(pooled, route, queue)
+        for message in runs:
+            route = self.route(message.queue)
+            self._declare(pooled, route, message.queue)
             if route.exchange or route.routing_key in channel._expires:
-                self._send_one(pooled, run_id, queue)
+                self._send_one(pooled, message)
                 continue
-            key = channel._q_for_pri(route.routing_key, 0)
-            by_key.setdefault(key, []).append(self._envelope(run_id, route))
+            priority = self.priority(message, route)
+            key = channel._q_for_pri(route.routing_key, priority)  # kombu's, per priority
+            by_key.setdefault(key, []).append(self._envelope(message, route, priority))
         if by_key:
             pooled.push(by_key)
 
-    def _envelope(self, run_id: str, route: Route) -> bytes:
-        template = self.envelopes.get(route.routing_key)
+    def _envelope(self, message: RunMessage, route: Route, priority: int) -> bytes:
+        kept = (route.routing_key, message.workflow, priority)
+        template = self.envelopes.get(kept)
         if template is None:
-            template = self.envelopes[route.routing_key] = Envelope(route, self._headers("", ""))
-        return template.render(run_id)
+            headers = self._headers(RunMessage("", workflow=message.workflow), "")
+            template = self.envelopes[kept] = Envelope(route, headers, priority)
+        return template.render(message.run_id)
 
     def _declare(self, pooled: _Pooled, route: Route, queue: str) -> None:
         if route.declare and queue not in pooled.declared:
@@ -394,12 +455,12 @@ class Publisher:
             maybe_declare(route.queue, channel, retry=False)
             pooled.declared.add(queue)
 
-    def _headers(self, run_id: str, task_id: str) -> dict[str, Any]:
+    def _headers(self, message: RunMessage, task_id: str) -> dict[str, Any]:
         return {
             "lang": "py",
             "task": TASK_NAME,
             "id": task_id,
-            "shadow": None,
+            "shadow": message.workflow or None,
             "eta": None,
             "expires": None,
             "group": None,
@@ -408,7 +469,7 @@ class Publisher:
             "timelimit": [None, None],
             "root_id": task_id,
             "parent_id": None,
-            "argsrepr": f"({run_id!r},)",
+            "argsrepr": f"({message.run_id!r},)",
             "kwargsrepr": "{}",
             "origin": self.origin,
             "ignore_result": True,
@@ -417,15 +478,16 @@ class Publisher:
             "stamps": {},
         }
 
-    def _send_one(self, pooled: _Pooled, run_id: str, queue: str) -> None:
-        route = self.route(queue)
-        self._declare(pooled, route, queue)
+    def _send_one(self, pooled: _Pooled, message: RunMessage) -> None:
+        route = self.route(message.queue)
+        self._declare(pooled, route, message.queue)
         task_id = str(uuid.uuid4())
         pooled.producer.publish(
-            (_BODY_HEAD + json.dumps(run_id) + _BODY_TAIL).encode(),
+            (_BODY_HEAD + json.dumps(message.run_id) + _BODY_TAIL).encode(),
             exchange=route.exchange,
             routing_key=route.routing_key,
-            headers=self._headers(run_id, task_id),
+            headers=self._headers(message, task_id),
+            priority=self.priority(message, route),
             content_type="application/json",
             content_encoding="utf-8",
             delivery_mode=route.delivery_mode,
@@ -434,6 +496,20 @@ class Publisher:
             reply_to="",
             retry=False,
         )
+
+
+def _publishing_watched() -> bool:
+    """Whether Celery's publish signals have a receiver (the OpenTelemetry Celery
+    instrumentation, django-structlog ...) or sentry-sdk's Celery integration, which wraps
+    ``Task.apply_async``, is active."""
+    if celery_signals.before_task_publish.receivers or celery_signals.after_task_publish.receivers:
+        return True
+    sentry_celery = sys.modules.get("sentry_sdk.integrations.celery")
+    if sentry_celery is None:
+        return False
+    import sentry_sdk
+
+    return sentry_sdk.get_client().get_integration(sentry_celery.CeleryIntegration) is not None
 
 
 _publisher: Publisher | None = None
@@ -457,9 +533,10 @@ def publisher() -> Publisher:
     return current
 
 
-def publish_runs(runs: Iterable[tuple[str, str]]) -> None:
-    """Send the ``execute_run`` message of each ``(run_id, queue)`` (queue "" for the
-    task's default routing), on one broker connection, in one round trip on Redis.
+def publish_runs(runs: Iterable[Run]) -> None:
+    """Send the ``execute_run`` message of each run (a :class:`RunMessage`, or
+    ``(run_id, queue)`` with queue "" for the task's default routing), on one broker
+    connection, in one round trip on Redis.
 
     Raises the broker's error once the app's publish retry policy is spent; the runs
     are then sent again by the tick.
@@ -471,7 +548,7 @@ def publish_runs(runs: Iterable[tuple[str, str]]) -> None:
 
 def publish_run(run_id: str, queue: str) -> None:
     """Send the ``execute_run`` message of one run; see :func:`publish_runs`."""
-    publisher().send(((run_id, queue),))
+    publisher().send((RunMessage(run_id, queue),))
 
 
 def forget_publisher() -> None:
@@ -487,7 +564,11 @@ __all__ = [
     "TASK_NAME",
     "Publisher",
     "Route",
+    "Run",
+    "RunMessage",
+    "Runs",
     "forget_publisher",
+    "messages",
     "publish_run",
     "publish_runs",
     "publisher",

@@ -15,6 +15,10 @@ from .windows import ScheduleSpec
 
 WorkflowBody = Callable[[Any, Any], Any]
 
+#: The priorities a workflow may declare: Celery's range (on RabbitMQ, a queue declared
+#: with ``x-max-priority``; on Redis, 0 is the highest).
+MIN_PRIORITY, MAX_PRIORITY = 0, 9
+
 
 @dataclass(frozen=True, slots=True)
 class WorkflowDefinition:
@@ -30,6 +34,8 @@ class WorkflowDefinition:
     tags: tuple[str, ...] = ()
     on_event: tuple[str, ...] = ()
     schedules: tuple[ScheduleSpec, ...] = ()
+    #: The priority of its run messages (Celery's, 0-9); ``None``: the route's.
+    priority: int | None = None
 
     @property
     def body_path(self) -> str:
@@ -63,6 +69,7 @@ def make_definition(
     tags: Iterable[str] = (),
     on_event: Iterable[str] = (),
     schedule: Any = None,
+    priority: int | None = None,
 ) -> WorkflowDefinition:
     """Build a definition, refusing bad options with a clear error.
 
@@ -78,6 +85,13 @@ def make_definition(
         validate_text(queue, f"workflow {name!r}: queue", lengths.queue)
     if isinstance(on_event, str):
         raise TypeError(f"workflow {name!r}: on_event must be a list of event names")
+    if priority is not None and (
+        type(priority) is not int or not MIN_PRIORITY <= priority <= MAX_PRIORITY
+    ):
+        raise ValueError(
+            f"workflow {name!r}: priority must be an int from {MIN_PRIORITY} to "
+            f"{MAX_PRIORITY} (Celery's message priority), not {priority!r}"
+        )
     return WorkflowDefinition(
         name=name,
         version=version,
@@ -88,6 +102,7 @@ def make_definition(
         tags=validate_tags(tags),
         on_event=tuple(validate_text(e, "an event name") for e in on_event),
         schedules=_schedules(name, schedule),
+        priority=priority,
     )
 
 
@@ -181,6 +196,7 @@ def _same_registration(a: WorkflowDefinition, b: WorkflowDefinition) -> bool:
         and a.tags == b.tags
         and a.on_event == b.on_event
         and a.schedules == b.schedules
+        and a.priority == b.priority
         and _same_concurrency(a.concurrency, b.concurrency)
     )
 

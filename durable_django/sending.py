@@ -14,6 +14,11 @@ run is committed and pending, and the tick sends it again after
 interpreter's exit and after each Celery task, so a script or a worker process that
 ends does not leave its messages to the tick.
 
+When Celery's publishing is watched (a tracing integration, ``task-sent`` events: see
+:meth:`~durable_django.publishing.Publisher.watched`), the caller's ``contextvars``
+context is taken with its messages and the thread sends them in it, so that their publish
+spans and the trace in their headers are the caller's (the request's).
+
 Messages are sent inline, as before, with Celery's ``task_always_eager`` (the run
 executes at once in the caller, as Celery does) and under uWSGI without threads (an
 application's threads never run there unless ``enable-threads`` is set).
@@ -22,6 +27,7 @@ application's threads never run there unless ``enable-threads`` is set).
 from __future__ import annotations
 
 import atexit
+import contextvars
 import logging
 import os
 import sys
@@ -30,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .publishing import Publisher, publisher
+from .publishing import Publisher, Run, Runs, publisher
 
 logger = logging.getLogger("durable_django")
 
@@ -41,7 +47,7 @@ EXIT_FLUSH_SECONDS = 5.0
 BATCH_LIMIT = 500
 
 #: What is handed over: tuples whose first item is a run id (the module's own sender
-#: hands over ``(run_id, queue, publisher)``).
+#: hands over ``(run_id, run, publisher, context)``).
 Items = Sequence[tuple[Any, ...]]
 
 
@@ -121,16 +127,24 @@ class Sender:
 
 
 def _send_items(items: Items) -> None:
-    """Send ``(run_id, queue, publisher)`` items, each with the publisher of the thread
-    that handed it over (Celery's current app is the creating thread's), one send per
-    publisher; raise the first error once every publisher has sent."""
-    by_publisher: dict[Publisher, list[tuple[str, str]]] = {}
-    for run_id, queue, current in items:
-        by_publisher.setdefault(current, []).append((run_id, queue))
+    """Send ``(run_id, run, publisher, context)`` items, each with the publisher of the
+    thread that handed it over (Celery's current app is the creating thread's) and in the
+    caller's context when one was taken, one send per publisher and context; raise the
+    first error once every send was tried."""
+    by_sender: dict[tuple[Publisher, int], tuple[contextvars.Context | None, list[Run]]] = {}
+    for _, message, current, context in items:
+        key = (current, id(context))  # a Context is not hashable; a hand-over takes its own
+        group = by_sender.get(key)
+        if group is None:
+            group = by_sender[key] = (context, [])
+        group[1].append(message)
     failed: Exception | None = None
-    for current, runs in by_publisher.items():
+    for (current, _), (context, runs) in by_sender.items():
         try:
-            current.send(runs)
+            if context is None:
+                current.send(runs)
+            else:
+                context.run(current.send, runs)
         except Exception as error:
             failed = failed or error
     if failed is not None:
@@ -163,18 +177,21 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def send_later(runs: Sequence[tuple[str, str]]) -> None:
-    """Send the ``execute_run`` message of each ``(run_id, queue)`` from the sender's
-    thread, with the Celery app current in the caller's thread; inline under Celery's
-    ``task_always_eager`` or uWSGI without threads."""
+def send_later(runs: Runs) -> None:
+    """Send the ``execute_run`` message of each run (a
+    :class:`~durable_django.publishing.RunMessage` or ``(run_id, queue)``) from the sender's
+    thread, with the Celery app current in the caller's thread (and its ``contextvars``
+    context when the publishing is watched); inline under Celery's ``task_always_eager``
+    or uWSGI without threads."""
     if not runs:
         return
     current = publisher()
     if current.eager or not threads_run():
         current.send(runs)
         return
+    context = contextvars.copy_context() if current.watched() else None
     try:
-        sender().hand_over([(run_id, queue, current) for run_id, queue in runs])
+        sender().hand_over([(run[0], run, current, context) for run in runs])
     except RuntimeError:  # no new thread once the interpreter is exiting: send here
         current.send(runs)
 

@@ -329,7 +329,7 @@ def retry(
         if observed is not None:
             observed.run_ids.append(run_id)
             observed.created = 1
-    engine.send(run_id, run.queue)
+    engine.send(run_id, run.queue, workflow=run.workflow)
     return RunHandle(engine, run_id, run.workflow, True)
 
 
@@ -457,7 +457,9 @@ def admit_many(
             observed.created = len(created)
             observed.refused.extend(error for _, error in refused)
     if created:
-        engine.send_many([run.run_id for run in created], created[0].queue)
+        engine.send_many(
+            [run.run_id for run in created], created[0].queue, workflow=definition.name
+        )
         _announce_started(engine, created)
     return BatchStart([h for h in handles if h is not None], refused, handles)
 
@@ -578,7 +580,7 @@ def admit(
             observed.run_ids.append(run.run_id)
             observed.created = int(outcome.created)
     if outcome.created:
-        engine.send(run.run_id, run.queue)
+        engine.send(run.run_id, run.queue, workflow=run.workflow)
         _announce_started(engine, (run,))
     return RunHandle(engine, run.run_id, outcome.workflow, outcome.created)
 

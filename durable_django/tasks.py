@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from celery import shared_task
-from celery.signals import task_postrun
+from celery.signals import task_postrun, task_revoked
 from django.db import InterfaceError, OperationalError
 
 from . import sending
@@ -20,6 +21,8 @@ from .ticker import Ticker
 EXECUTE_RETRIES = 6
 
 _ticker = Ticker()
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(
@@ -53,6 +56,26 @@ def send_before_the_next_task(**_: Any) -> None:
     run messages it handed to the sender: a pool process may be ended at any task's end,
     and its messages must not wait for the tick."""
     sending.flush(sending.EXIT_FLUSH_SECONDS)
+
+
+@task_revoked.connect(weak=False)
+def cancel_revoked_run(
+    sender: Any = None, request: Any = None, expired: bool = False, **_: Any
+) -> None:
+    """A run's message revoked in Celery (``revoke``, ``revoke(terminate=True)``, Flower's
+    Revoke and Terminate) cancels the run: its slot frees and it is not sent again.
+    Runs in the worker's main process, where Celery announces the revoke."""
+    if expired or getattr(sender, "name", None) != execute_run.name:
+        return
+    args = getattr(request, "args", None) or ()
+    if not args:
+        return
+    try:
+        default_engine.cancel(str(args[0]))
+    except Exception:
+        logger.exception("run %r: its message was revoked and it could not be cancelled", args[0])
+    finally:
+        close_connections()  # a prefork worker's main process forks new children
 
 
 @shared_task(name="durable_django.tick", ignore_result=True, serializer="json")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -39,6 +40,8 @@ class QueuedMessage:
     headers: dict[str, Any]
     routing_key: str
     body: Any  # decoded from its JSON
+    #: The priority the broker keeps it at: on Redis, that of the list it waits in.
+    priority: int | None = None
 
     def run_ids(self) -> list[str]:
         """The run ids an ``execute_run`` message asks to execute."""
@@ -67,6 +70,10 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     def messages(self, queue: str) -> list[QueuedMessage]:
         """The messages waiting on ``queue``, oldest first; they stay there."""
+
+    def all_messages(self, queue: str) -> list[QueuedMessage]:
+        """The messages waiting on ``queue`` at every priority, with their priority."""
+        return self.messages(queue)
 
     @abc.abstractmethod
     def duplicate_oldest(self, queue: str) -> None:
@@ -111,6 +118,8 @@ def _reconnect(options: dict[str, Any]) -> None:
     # The app keeps its pools once made; Celery drops them the same way after a fork.
     app._pool = None
     app.amqp._producer_pool = None
+    # the task-sent events' dispatcher, whose exchange type is the broker's (fanout on Redis)
+    app.amqp.__dict__.pop("_event_dispatcher", None)
 
 
 class RedisBroker(Broker):
@@ -131,6 +140,14 @@ class RedisBroker(Broker):
 
     def messages(self, queue: str) -> list[QueuedMessage]:
         return [_from_envelope(raw) for raw in worker.raw_messages(self.client, queue)]
+
+    def all_messages(self, queue: str) -> list[QueuedMessage]:
+        worker.sent()
+        found = []
+        for priority, key in zip((0, *worker.PRIORITIES), worker.queue_keys(queue), strict=False):
+            for raw in reversed(self.client.lrange(key, 0, -1)):
+                found.append(dataclasses.replace(_from_envelope(raw), priority=priority))
+        return found
 
     def duplicate_oldest(self, queue: str) -> None:
         raw = worker.raw_messages(self.client, queue)
@@ -239,6 +256,7 @@ def _from_amqp(message: amqp.Message) -> QueuedMessage:
         headers=dict(message.headers),
         routing_key=message.delivery_info["routing_key"],
         body=json.loads(message.body),
+        priority=message.properties.get("priority"),
     )
 
 

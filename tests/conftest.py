@@ -119,3 +119,27 @@ def _broker_in_use(name: str) -> Iterator[Broker]:
             yield broker
     finally:
         broker.close()
+
+
+@pytest.fixture
+def configured() -> Iterator[Any]:
+    """``configure(**settings)`` sets Celery settings of the test app until the test ends
+    (its router and run publisher are made anew)."""
+    from durable_django.publishing import forget_publisher
+
+    from .celery_app import app
+
+    changed: dict[str, Any] = {}
+
+    def configure(**settings: Any) -> None:
+        for key, value in settings.items():
+            changed.setdefault(key, app.conf[key])
+            app.conf[key] = value
+        app.amqp.flush_routes()  # Celery reads the routes once, and builds its router then
+        app.amqp.router = app.amqp.Router()
+        forget_publisher()
+
+    try:
+        yield configure
+    finally:
+        configure(**changed)

@@ -163,7 +163,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     recorder = Recorder()
 
     def record_and_send(items: object) -> None:
-        recorder([(run_id, queue) for run_id, queue, _ in items])  # type: ignore[attr-defined]
+        recorder([(run_id, run[1]) for run_id, run, *_ in items])  # type: ignore[attr-defined]
         sending._send_items(items)  # type: ignore[arg-type]
 
     monkeypatch.setattr(sending, "_sender", Sender(record_and_send))

@@ -1,6 +1,6 @@
 """Real Celery workers for the tests: started as subprocesses on the suite's broker.
 
-A worker runs ``celery -A tests.celery_app worker --pool=solo`` (or ``prefork``) on one
+A worker runs ``celery -A tests.celery_app worker --pool=solo`` (or another pool) on one
 queue, against the test database of the pytest process that started it
 (``DURABLE_TEST_DB_NAME``). It is stopped when the ``with`` block ends, whatever happened
 inside, and it is killed with its parent should the pytest process die first.
@@ -126,9 +126,11 @@ class Worker:
         include: Iterable[str] = (),
         env: Mapping[str, str] | None = None,
         pool: str = "solo",
+        options: Iterable[str] = (),
     ) -> None:
         self.queue = queue
         self.pool = pool
+        self.options = tuple(options)
         self.hostname = f"durable-test-{uuid.uuid4().hex}@localhost"
         self.include = tuple(include)
         self.extra_env = dict(env or {})
@@ -161,7 +163,7 @@ class Worker:
         ]
         if self.include:
             command += ["--include", ",".join(self.include)]
-        return command
+        return command + list(self.options)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -236,9 +238,12 @@ def running_worker(
     include: Iterable[str] = (),
     env: Mapping[str, str] | None = None,
     pool: str = "solo",
+    options: Iterable[str] = (),
 ) -> Iterator[Worker]:
-    """A ready worker on ``queue`` for the block; stopped when the block ends."""
-    worker = Worker(queue, include=include, env=env, pool=pool)
+    """A ready worker on ``queue`` for the block; stopped when the block ends. ``pool``
+    "threads" lets it answer ``inspect`` while it runs a task, "prefork" enforces time
+    limits; ``options`` are more ``celery worker`` options."""
+    worker = Worker(queue, include=include, env=env, pool=pool, options=options)
     try:
         worker.start()
         yield worker
