@@ -9,6 +9,7 @@ an error, and check them after a long time away from the database.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 from django.db import DatabaseError, connections
 
@@ -24,6 +25,22 @@ def close_connections() -> None:
             continue
         with contextlib.suppress(Exception):
             connection.close()
+
+
+@contextlib.contextmanager
+def closing_what_it_opens() -> Iterator[None]:
+    """Close, when the block ends, the connections of this thread that the block opened
+    (outside an atomic block): a thread that may never come back to the database keeps
+    none open, and one that had its connection open (a request's, a worker's) keeps it."""
+    opened = {c.alias for c in connections.all(initialized_only=True) if c.connection is not None}
+    try:
+        yield
+    finally:
+        for connection in connections.all(initialized_only=True):
+            if connection.alias in opened or connection.in_atomic_block:
+                continue
+            with contextlib.suppress(Exception):
+                connection.close()
 
 
 def close_stale_connections() -> None:

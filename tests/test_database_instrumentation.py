@@ -189,12 +189,19 @@ def prometheus_backend() -> Iterator[None]:
 
 
 def executed() -> float:
-    from prometheus_client import REGISTRY
+    """django-prometheus' count of statements on the default PostgreSQL connection, read
+    from its counter alone (collecting the whole registry would run the other
+    collectors registered there, which may query the database themselves)."""
+    from django_prometheus.db.metrics import execute_total
 
-    value = REGISTRY.get_sample_value(
-        "django_db_execute_total", {"alias": "default", "vendor": "postgresql"}
-    )
-    return value or 0.0
+    for family in execute_total.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels == {
+                "alias": "default",
+                "vendor": "postgresql",
+            }:
+                return sample.value
+    return 0.0
 
 
 def test_django_prometheus_counts_every_statement(orm_engine: Engine, prometheus_backend: None):

@@ -319,3 +319,30 @@ def test_a_library_that_fails_to_load_records_nothing(
     finally:
         metrics.reset(previous)
     assert "no metric is recorded to opentelemetry" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reading_the_quota_gauge_keeps_the_threads_open_connection_and_closes_its_own(
+    orm_engine: Engine,
+):
+    """A scrape in a request's thread keeps the request's connection (persistent
+    connections stay persistent); a thread that had none open is left with none."""
+    import threading
+
+    from django.db import connection
+
+    connection.ensure_connection()
+    kept = connection.connection
+    metrics.observed_usage(orm_engine, 5)
+    assert connection.connection is kept
+
+    left_open: list[bool] = []
+
+    def scrape() -> None:
+        metrics.observed_usage(orm_engine, 5)
+        left_open.append(connection.connection is not None)
+
+    thread = threading.Thread(target=scrape)
+    thread.start()
+    thread.join()
+    assert left_open == [False]

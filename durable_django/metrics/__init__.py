@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from ..concurrency import DEFAULT_CONCURRENCY_STATUSES
 from ..conf import durable_settings
-from ..db import close_connections
+from ..db import closing_what_it_opens
 from ..errors import ConcurrencyLimitError
 from ..observability.events import Observer, StartEvent, StepEvent, TurnEvent, forget, observe
 from ..records import RunRecord, StepRecord
@@ -388,14 +388,14 @@ def observed_usage(engine: Engine | None, limit: int) -> Sequence[tuple[str, int
     """:func:`busiest_keys` as a collector reads it, from whichever thread collects (an
     exporter's, a scrape's): a failure is logged and reports no key, and the thread's
     connections are closed after (outside a transaction), so that a thread which never
-    comes back to the database, or a scrape's, keeps none open."""
+    comes back to the database, or a scrape's, keeps none open (the connections it opened
+    are closed after; one the thread had open, a request's, is kept)."""
     try:
-        return busiest_keys(engine, limit)
+        with closing_what_it_opens():
+            return busiest_keys(engine, limit)
     except Exception:
         logger.warning("could not read the quota usage for the metrics", exc_info=True)
         return ()
-    finally:
-        close_connections()
 
 
 _OBSERVER = MetricsObserver()
