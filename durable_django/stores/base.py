@@ -23,6 +23,7 @@ store runs against itself.
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
@@ -549,7 +550,8 @@ class BaseStore(abc.ABC):
 
     def end_hold(self, key: str, namespace: str | None, now: datetime) -> None:
         """Unbind the tickets of ``key``'s line bound to a hold still running at ``now``:
-        a kept ticket took the held unit. Called inside the start's transaction."""
+        a kept ticket took the held unit. Called once that start's transaction commits
+        (:meth:`on_commit`: a failure is logged, and the hold runs out as if unused)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no tickets for fair quotas")
 
     def purge_tickets(self, expired_before: datetime, limit: int) -> int:
@@ -675,8 +677,8 @@ def check_quotas(
     (all of them without one) in the line of ``read_namespace``
     (:func:`durable_django.tickets.place_in_line`): its refusal carries ``held`` and the
     ``line`` it saw. When every quota admits, the start's kept ticket is dropped
-    (:meth:`BaseStore.drop_ticket`), and a hold on its line ends when the start takes the
-    last free unit (:meth:`BaseStore.end_hold`)."""
+    (:meth:`BaseStore.drop_ticket`), and a hold on its line ends, once the start commits,
+    when it took the last free unit (:meth:`BaseStore.end_hold`)."""
     if not quotas:
         return
     units = store.quota_units(quotas, read_namespace)
@@ -707,7 +709,7 @@ def check_quotas(
     if ticket_id:
         store.drop_ticket(ticket_id)
     if full_key is not None and now is not None:
-        store.end_hold(full_key, read_namespace, now)
+        store.on_commit(functools.partial(store.end_hold, full_key, read_namespace, now))
 
 
 def check_quota(store: BaseStore, quota: Quota, workflow: str, read_namespace: str | None) -> None:
