@@ -19,11 +19,11 @@ then keeps, a place in the key's line:
 - A hold belongs to the line, not to a ticket: it lasts at most the quota's
   ``fair_window`` seconds from the first start it turned away, however many tickets are
   in line. Every ticket in line then, and every one joining while it lasts, is bound to
-  it (``KeptTicket.held_until``). A kept ticket admitted with no unit left free ends the
-  hold (the slot went to the line; the others keep their places for the next one); a
-  hold that runs out unused takes every ticket bound to it out of the line together, so
-  the key is open again one window after the first refusal, whatever the number of
-  abandoned tickets in line (see :func:`place_in_line`).
+  it (``KeptTicket.held_until``). A kept ticket admitted ends the hold (the line took a
+  held slot: the others keep their places, and the next refusal at a free slot begins
+  a new hold); a hold that runs out with no ticket admitted takes every ticket bound to
+  it out of the line together, so abandoned tickets keep the key's free slots from
+  others one window at most, whatever their number (see :func:`place_in_line`).
 - A kept ticket also expires ``retry_after + fair_window`` after its last refusal, an
   unkept one ``retry_after + fair_window`` after it was issued. An expired ticket counts
   as none: its refusal gives a new ticket, at the back of the line.

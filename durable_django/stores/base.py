@@ -677,13 +677,13 @@ def check_quotas(
     (all of them without one) in the line of ``read_namespace``
     (:func:`durable_django.tickets.place_in_line`): its refusal carries ``held`` and the
     ``line`` it saw. When every quota admits, the start's kept ticket is dropped
-    (:meth:`BaseStore.drop_ticket`), and a hold on its line ends, once the start commits,
-    when it took the last free unit (:meth:`BaseStore.end_hold`)."""
+    (:meth:`BaseStore.drop_ticket`), and the hold its line is bound to ends once the
+    start commits (:meth:`BaseStore.end_hold`): the line took a held slot."""
     if not quotas:
         return
     units = store.quota_units(quotas, read_namespace)
     now: datetime | None = None
-    admitted: tuple[str, str | None] = ("", None)
+    admitted: tuple[str, str] | None = None  # a kept ticket's id, and the key of its line
     for quota, active in zip(quotas, units, strict=True):
         line = None
         if quota.fair:
@@ -703,13 +703,12 @@ def check_quotas(
             error.line = line
             raise error
         if line is not None and line.kept and line.ticket is not None:
-            full = line.hold_ends is not None and active + quota.weight >= quota.limit
-            admitted = (line.ticket.id, quota.key if full else None)
-    ticket_id, full_key = admitted
-    if ticket_id:
+            admitted = (line.ticket.id, quota.key if line.hold_ends is not None else "")
+    if admitted is not None and now is not None:
+        ticket_id, held_key = admitted
         store.drop_ticket(ticket_id)
-    if full_key is not None and now is not None:
-        store.on_commit(functools.partial(store.end_hold, full_key, read_namespace, now))
+        if held_key:
+            store.on_commit(functools.partial(store.end_hold, held_key, read_namespace, now))
 
 
 def check_quota(store: BaseStore, quota: Quota, workflow: str, read_namespace: str | None) -> None:
