@@ -619,12 +619,13 @@ def _keep_line(
     give_ticket: bool,
 ) -> None:
     """A fair quota's refusal, in its key's line (the engine's namespace's): when the
-    line alone turned the start away, a unit is held for it, and its tickets are bound to
-    the hold (the one running, or one ending a window from now); with ``give_ticket``, the
-    start's ticket (the one it presented, now kept, joining the back of the line, and
-    bound to the running hold, if it had not; or a new one, not kept until it comes back)
-    goes on the error, valid until ``retry_after`` and the window have passed. A write
-    that fails is logged: the refusal stands, and the ticket stays valid, unkept."""
+    line alone turned the start away, a unit is held for it, and the line's tickets no
+    hold binds (one may have ended since the line was read) are bound to one ending a
+    window from now. With ``give_ticket``, the start's ticket (the one it presented, now
+    kept, joining the back of the line bound to the hold it saw running, if it had not;
+    or a new one, not kept until it comes back) goes on the error, valid until
+    ``retry_after`` and the window have passed. A write that fails is logged: the
+    refusal stands, and the ticket stays valid, unkept."""
     now = timezone.now()
     window = datetime.timedelta(seconds=quota.fair_window or 0)
     expires = now + datetime.timedelta(seconds=error.retry_after) + window
@@ -634,8 +635,8 @@ def _keep_line(
         ticket = presented or tickets.issue(quota.key, quota.weight, now, expires)
         error.ticket = ticket.token
     try:
-        if line.holds and hold_ends is not None:
-            engine.store.hold_tickets(quota.key, engine.read_namespace, hold_ends)
+        if line.holds:  # a window from now for those no hold binds, whatever was read
+            engine.store.hold_tickets(quota.key, engine.read_namespace, now + window)
         if give_ticket and presented is not None:
             engine.store.keep_ticket(
                 tickets.KeptTicket(
