@@ -23,7 +23,7 @@ store runs against itself.
 from __future__ import annotations
 
 import abc
-import functools
+import logging
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
@@ -42,6 +42,8 @@ from ..tickets import KeptTicket, Ticket, place_in_line
 
 if TYPE_CHECKING:
     from django.core.checks import CheckMessage
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AsyncReleaseListener",
@@ -708,7 +710,22 @@ def check_quotas(
         ticket_id, held_key = admitted
         store.drop_ticket(ticket_id)
         if held_key:
-            store.on_commit(functools.partial(store.end_hold, held_key, read_namespace, now))
+            store.on_commit(_hold_ender(store, held_key, read_namespace, now))
+
+
+def _hold_ender(
+    store: BaseStore, key: str, namespace: str | None, now: datetime
+) -> Callable[[], None]:
+    """:meth:`BaseStore.end_hold` as an on-commit callback: a failure (a deadlock among
+    the line's writes) is logged, and the hold runs out as if unused."""
+
+    def end_hold() -> None:
+        try:
+            store.end_hold(key, namespace, now)
+        except Exception:
+            logger.warning("could not end the hold on key %r", key, exc_info=True)
+
+    return end_hold
 
 
 def check_quota(store: BaseStore, quota: Quota, workflow: str, read_namespace: str | None) -> None:

@@ -45,8 +45,11 @@ def drop(using: str, ticket_id: str) -> None:
 
 def end_hold(using: str, key: str, namespace: str | None, now: datetime) -> None:
     """Unbind ``key``'s tickets (in ``namespace``) from a hold still running at ``now``."""
-    rows = _in_line(QuotaTicket.objects.using(using), key, namespace)
-    rows.filter(held_until__gt=now).update(held_until=None)
+    rows = QuotaTicket.objects.using(using)
+    bound = _in_line(rows, key, namespace).filter(held_until__gt=now)
+    ids = list(bound.order_by("id").values_list("id", flat=True))
+    if ids:  # locked by id, in id order, as every write of the line's rows locks them
+        rows.filter(id__in=ids, held_until__gt=now).update(held_until=None)
 
 
 def purge(using: str, expired_before: datetime, limit: int) -> int:
@@ -65,10 +68,12 @@ def keep(using: str, ticket: KeptTicket, most: int) -> None:
         adapt = connection.ops.adapt_datetimefield_value
         now = adapt(timezone.now())
         key, expires, held = quote("quota_key"), quote("expires_at"), quote("held_until")
-        cursor.execute(
-            f"DELETE FROM {table} WHERE {key} = %s AND ({expires} <= %s OR {held} <= %s)",
-            [ticket.key, now, now],
-        )
+        gone = f"({expires} <= %s OR {held} <= %s)"
+        dead = _ids(cursor, table, quote, f"{key} = %s AND {gone}", [ticket.key, now, now])
+        if dead:
+            cursor.execute(
+                f"DELETE FROM {table} WHERE {_id_in(quote, dead)} AND {gone}", [*dead, now, now]
+            )
         cursor.execute(
             f"UPDATE {table} SET {expires} = %s, {quote('weight')} = %s WHERE {quote('id')} = %s",
             [adapt(ticket.expires_at), ticket.weight, ticket.id],
@@ -108,11 +113,28 @@ def hold(using: str, key: str, namespace: str | None, until: datetime) -> None:
         where, params = f"{quote('quota_key')} = %s", [key]
         if namespace is not None:
             where, params = f"{where} AND {quote('namespace')} = %s", [key, namespace]
-        cursor.execute(
-            f"UPDATE {table} SET {quote('held_until')} = %s "
-            f"WHERE {where} AND {quote('held_until')} IS NULL",
-            [connection.ops.adapt_datetimefield_value(until), *params],
-        )
+        free = f"{quote('held_until')} IS NULL"
+        ids = _ids(cursor, table, quote, f"{where} AND {free}", params)
+        if ids:
+            cursor.execute(
+                f"UPDATE {table} SET {quote('held_until')} = %s "
+                f"WHERE {_id_in(quote, ids)} AND {free}",
+                [connection.ops.adapt_datetimefield_value(until), *ids],
+            )
+
+
+def _ids(cursor: Any, table: str, quote: Any, where: str, params: list[Any]) -> list[str]:
+    """The ids of the rows ``where`` selects, read without a lock, in id order: the rows a
+    write then locks by id, so that the writes of one line lock its rows in one order
+    (a range of the ``(quota_key, joined_at)`` index, locked by one statement while a
+    start deletes a row by id, deadlocks on MySQL/MariaDB)."""
+    id = quote("id")
+    cursor.execute(f"SELECT {id} FROM {table} WHERE {where} ORDER BY {id}", params)
+    return [row[0] for row in cursor.fetchall()]
+
+
+def _id_in(quote: Any, ids: list[str]) -> str:
+    return f"{quote('id')} IN ({', '.join(['%s'] * len(ids))})"
 
 
 def _in_line(rows: QuerySet[QuotaTicket], key: str, namespace: str | None) -> QuerySet[QuotaTicket]:
