@@ -22,8 +22,14 @@ migrates it, and runs one process with one key of limit ``--limit`` at a time:
   checked afterwards for over-admission on times certainly inside their occupancy
   (admitted: when the start returned; freed: when the finisher began ending it).
 
-Two variants, ``fair=False`` and ``fair=True`` (window ``--window``), each on fresh keys,
-interleaved in halves (A B A B, ``--seconds`` per variant in all). At the end of a half
+- **an abandoner** (the third variant only) takes a ticket (a refusal), presents it once
+  (it joins the line) and never comes back, then takes the next, pausing
+  ``--abandon-pause`` seconds between tickets: every freed slot finds abandoned tickets
+  in line, and is held for them.
+
+Three variants, ``fair=False``, ``fair=True`` (window ``--window``), and ``fair=True``
+beside the abandoner, each on fresh keys, interleaved in halves (A B C A B C,
+``--seconds`` per variant in all). At the end of a half
 no new request begins; the requests under way may finish for ``--drain`` seconds (the
 flood goes on until they do); one still refused then is **cut off**: counted as not
 admitted at its first or second retry, its wait so far a lower bound (``>=``). A
@@ -67,7 +73,8 @@ WORKFLOW = "bench.fair"
 ACTIVE = ("pending", "running")
 GOAL_SOON = 0.80
 GOAL_WORST = 3.0
-VARIANTS = ("not fair", "fair")
+ABANDONED = "fair, abandoned tickets"
+VARIANTS = ("not fair", "fair", ABANDONED)
 
 
 def parse_args() -> argparse.Namespace:
@@ -79,6 +86,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--flood-pause", type=float, default=0.015, help="seconds")
     parser.add_argument("--duration", type=float, default=2.0, help="typical run, seconds")
     parser.add_argument("--window", type=float, default=3.0, help="fair_window, seconds")
+    parser.add_argument(
+        "--abandon-pause", type=float, default=0.25, help="seconds between abandoned tickets"
+    )
     parser.add_argument(
         "--drain", type=float, default=30, help="seconds the requests under way may finish in"
     )
@@ -126,6 +136,7 @@ class Half:
     key: str
     fair: bool
     requests: list[Request] = field(default_factory=list)
+    abandoned: int = 0  # tickets presented once, then never again (the abandoner's)
     flood_admitted: int = 0
     flood_attempts: int = 0
     max_active: int = 0
@@ -311,6 +322,21 @@ def run_half(engine: Any, finisher: Finisher, half: Half, args: argparse.Namespa
         finally:
             connection.close()
 
+    def abandoner(rng: random.Random) -> None:
+        try:
+            while not polite_done.is_set():
+                try:
+                    start(rng, None)
+                except ConcurrencyLimitError as error:
+                    try:
+                        start(rng, error.ticket)  # joins the line, and is never seen again
+                    except ConcurrencyLimitError:
+                        with half.lock:
+                            half.abandoned += 1
+                time.sleep(args.abandon_pause)
+        finally:
+            connection.close()
+
     def sampler() -> None:
         try:
             while not sampler_stop.is_set():
@@ -330,6 +356,10 @@ def run_half(engine: Any, finisher: Finisher, half: Half, args: argparse.Namespa
         threading.Thread(target=flood, args=(random.Random(seeds.random()),), daemon=True)
         for _ in range(args.flood)
     ]
+    if half.variant == ABANDONED:
+        others.append(
+            threading.Thread(target=abandoner, args=(random.Random(seeds.random()),), daemon=True)
+        )
     others.append(threading.Thread(target=sampler, daemon=True))
     for thread in [*others, *polite_threads]:
         thread.start()
@@ -410,7 +440,16 @@ def report(halves: list[Half], args: argparse.Namespace) -> None:
                 f"most active {max(sampled, overlapped)}, limit {args.limit}",
             )
         )
-        if variant == "fair":
+        if variant == ABANDONED:
+            goals.append(
+                (
+                    f"{ABANDONED} (reference): tickets abandoned in line",
+                    None,
+                    f"{sum(half.abandoned for half in mine)}; refused polite requests "
+                    f"admitted at 1st or 2nd retry {share(soon, len(refused))}",
+                )
+            )
+        elif variant == "fair":
             goals.append(
                 (
                     f"fair: refused polite requests admitted at 1st or 2nd retry "
@@ -439,7 +478,8 @@ def report(halves: list[Half], args: argparse.Namespace) -> None:
     print(
         f"\nlimit {args.limit}, runs {args.duration:g} s ± {SPREAD:.0%}, {args.polite} polite "
         f"clients, {args.flood} flood client(s) pausing {args.flood_pause * 1000:g} ms, "
-        f"fair_window {args.window:g} s, {args.seconds:g} s per variant (A B A B)" + "\n"
+        f"fair_window {args.window:g} s, {args.seconds:g} s per variant (A B C A B C); "
+        f"the abandoner pauses {args.abandon_pause * 1000:g} ms" + "\n"
     )
     print(
         "| variant | polite requests | admitted at once | at 1st retry (of refused) "
@@ -461,7 +501,7 @@ def report(halves: list[Half], args: argparse.Namespace) -> None:
 
 
 def diagnostics(halves: list[Half], args: argparse.Namespace) -> None:
-    requests = [r for half in halves if half.fair for r in half.requests]
+    requests = [r for half in halves if half.variant == "fair" for r in half.requests]
     retries = [p for r in requests for p in r.presented]
     if not retries:
         return
@@ -562,9 +602,9 @@ def main() -> None:
     finisher.start()
     halves: list[Half] = []
     for variant in (*VARIANTS, *VARIANTS):
-        half = Half(variant, f"fair:{uuid.uuid4().hex}", variant == "fair")
+        half = Half(variant, f"fair:{uuid.uuid4().hex}", variant != "not fair")
         seed_history(half.key, rng, args)
-        print(f"{variant}: half {len(halves) // 2 + 1} ...", flush=True)
+        print(f"{variant}: half {len(halves) // len(VARIANTS) + 1} ...", flush=True)
         run_half(engine, finisher, half, args)
         halves.append(half)
     with finisher.cond:

@@ -458,6 +458,17 @@ class QuotaTicket(models.Model):
     )
     weight = models.PositiveIntegerField(default=1)
     expires_at = models.DateTimeField(help_text="Past this, the ticket holds no place.")
+    namespace = ExactCharField(
+        max_length=100,
+        default="",
+        help_text="The namespace of the engine that kept it: the line it is in.",
+    )
+    held_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Bound to a hold of the line: past this, unless the hold ended used, "
+        "the ticket holds no place.",
+    )
 
     class Meta:
         db_table = "durable_quota_ticket"

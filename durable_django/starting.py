@@ -513,7 +513,7 @@ def _refused_many(
             estimates.explain(engine, error, statuses, needed=quota.weight, ahead=ahead)
             if error.estimate is not None:
                 shared[what] = error.estimate
-        if line is not None and line.holding and quota.fair_window is not None:
+        if line is not None and line.holds and quota.fair_window is not None:
             _keep_line(engine, error, quota, line, give_ticket=False)
         observing.refused(workflow, error)
         send_signal(run_refused, type(engine), engine=engine, workflow=workflow, error=error)
@@ -675,25 +675,37 @@ def _keep_line(
     line: tickets.Line,
     give_ticket: bool,
 ) -> None:
-    """A fair quota's refusal, in its key's line: the tickets whose turn came are held
-    for at most the quota's window; with ``give_ticket``, the start's ticket (the one it
-    presented, now kept, joining the back of the line if it had not, or a new one, not
-    kept until it comes back) goes on the error, valid until ``retry_after`` and the
-    window have passed. A write that fails is logged: the refusal stands, and the ticket
-    stays valid, unkept."""
+    """A fair quota's refusal, in its key's line (the engine's namespace's): when the
+    line alone turned the start away, a unit is held for it, and the line's tickets no
+    hold binds (one may have ended since the line was read) are bound to one ending a
+    window from now. With ``give_ticket``, the start's ticket (the one it presented, now
+    kept, joining the back of the line bound to the hold it saw running, if it had not;
+    or a new one, not kept until it comes back) goes on the error, valid until
+    ``retry_after`` and the window have passed. A write that fails is logged: the
+    refusal stands, and the ticket stays valid, unkept."""
     now = timezone.now()
     window = datetime.timedelta(seconds=quota.fair_window or 0)
     expires = now + datetime.timedelta(seconds=error.retry_after) + window
+    hold_ends = line.hold_ends or (now + window if line.holds else None)
     presented = line.ticket
     if give_ticket:
         ticket = presented or tickets.issue(quota.key, quota.weight, now, expires)
         error.ticket = ticket.token
     try:
-        if line.holding:
-            engine.store.hold_tickets(line.holding, now + window)
+        if line.holds:  # a window from now for those no hold binds, whatever was read
+            engine.store.hold_tickets(quota.key, engine.read_namespace, now + window)
         if give_ticket and presented is not None:
             engine.store.keep_ticket(
-                tickets.KeptTicket(presented.id, quota.key, now, quota.weight, expires)
+                tickets.KeptTicket(
+                    presented.id,
+                    quota.key,
+                    now,
+                    quota.weight,
+                    expires,
+                    engine.namespace,
+                    hold_ends,
+                ),
+                most=tickets.most_kept(quota.limit),
             )
     except Exception:  # the refusal stands whatever the writes did
         logger.warning("could not keep the tickets of key %r", quota.key, exc_info=True)

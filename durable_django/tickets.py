@@ -12,15 +12,25 @@ then keeps, a place in the key's line:
   no slot. (Joining on the first return rather than on the first refusal keeps the line
   known: a ticket's ``retry_after`` counts everything ahead of it, and no ticket issued
   earlier but presented later jumps ahead of it.)
-- When a slot frees while kept tickets wait, the slot is **held** for the oldest of them:
-  a start without an older ticket is refused (``error.held`` says how many units are
-  held for tickets ahead of it), and the ticket's holder is admitted when it comes back.
-- A hold lasts at most the quota's ``fair_window`` seconds from the first start it turned
-  away: a client that never comes back keeps the key from others no longer than that.
-  Its ticket then expires, and the next one's turn begins.
+- When a unit of the limit frees while kept tickets wait, it is **held** for the line: a
+  start without an older ticket is refused (``error.held`` says how many units are held
+  for tickets ahead of it), and the tickets whose turn has come are admitted when their
+  clients come back.
+- A hold belongs to the line, not to a ticket: it lasts at most the quota's
+  ``fair_window`` seconds from the first start it turned away, however many tickets are
+  in line. Every ticket in line then, and every one joining while it lasts, is bound to
+  it (``KeptTicket.held_until``). A kept ticket admitted ends the hold (the line took a
+  held slot: the others keep their places, and the next refusal at a free slot begins
+  a new hold); a hold that runs out with no ticket admitted takes every ticket bound to
+  it out of the line together, so abandoned tickets keep the key's free slots from
+  others one window at most, whatever their number (see :func:`place_in_line`).
 - A kept ticket also expires ``retry_after + fair_window`` after its last refusal, an
   unkept one ``retry_after + fair_window`` after it was issued. An expired ticket counts
   as none: its refusal gives a new ticket, at the back of the line.
+- A line keeps at most :func:`most_kept` tickets (``LINE_PER_UNIT`` per unit of the
+  limit): a ticket presented to a full line is not kept, and stays valid, unkept.
+- The line is per namespace wherever the count is: an engine with ``scope_reads`` reads
+  the tickets kept in its namespace only, as it counts its namespace's runs only.
 - A kept ticket's ``retry_after`` counts the units of the tickets ahead of it: it says
   when its turn likely comes, not when the next slot frees.
 
@@ -72,20 +82,28 @@ class Ticket:
 
 @dataclass(frozen=True, slots=True)
 class KeptTicket:
-    """A ticket the store keeps: a place in key ``key``'s line, taken when its client
-    first came back with it (``joined_at``), reserving ``weight`` units until
-    ``expires_at``."""
+    """A ticket the store keeps: a place in key ``key``'s line in ``namespace`` (the
+    namespace of the engine that kept it), taken when its client first came back with it
+    (``joined_at``), reserving ``weight`` units until ``expires_at``, or until
+    ``held_until`` when it is bound to a hold of the line that goes unused."""
 
     id: str
     key: str
     joined_at: datetime.datetime
     weight: int
     expires_at: datetime.datetime
+    namespace: str = ""
+    held_until: datetime.datetime | None = None
 
     @property
     def place(self) -> tuple[datetime.datetime, str]:
         """Its place in the key's line: the earlier joined first, ties broken by id."""
         return (self.joined_at, self.id)
+
+    def live(self, now: datetime.datetime) -> bool:
+        """Whether it holds its place at ``now``: not expired, nor taken out of the line
+        by a hold that ran out."""
+        return self.expires_at > now and (self.held_until is None or self.held_until > now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +112,28 @@ class Line:
 
     ``ticket``: the start's own live ticket for this key (``None``: it has none, or it
     expired); ``kept``: whether the store keeps that ticket; ``ahead``: the units of the
-    live kept tickets ahead of the start; ``holding``: the ids of those whose turn has
-    come (they fit in the slots free now), which hold a slot from this start."""
+    live kept tickets ahead of the start; ``holds``: whether those tickets alone turn the
+    start away (the limit would admit it: a freed unit is held for the line);
+    ``hold_ends``: when the hold the line is bound to runs out (``None``: none runs);
+    ``length``: the live kept tickets in the line."""
 
     ticket: Ticket | None
     kept: bool
     ahead: int
-    holding: tuple[str, ...]
+    holds: bool = False
+    hold_ends: datetime.datetime | None = None
+    length: int = 0
+
+
+#: How many tickets a line keeps per unit of its quota's limit (:func:`most_kept`).
+LINE_PER_UNIT = 10
+
+
+def most_kept(limit: int) -> int:
+    """The most tickets a line under a quota of ``limit`` keeps: ``LINE_PER_UNIT`` per
+    unit. A line that long is many typical runs deep; a ticket presented to it is not
+    kept (it stays valid, unkept, and joins when the line has room)."""
+    return LINE_PER_UNIT * limit
 
 
 def issue(
@@ -180,36 +213,32 @@ def place_in_line(
     now: datetime.datetime,
 ) -> Line:
     """Where a start weighing ``weight`` stands in ``key``'s line, given the tickets the
-    store keeps for the key (``kept``, live or expired, any order), the start's ticket,
-    and the key's ``active`` units under ``limit``: behind every live kept ticket, or,
-    with a kept ticket of its own, behind those that joined before it."""
+    store keeps for the key (``kept``, live or not, any order), the start's ticket, and
+    the key's ``active`` units under ``limit``: behind every live kept ticket, or, with a
+    kept ticket of its own, behind those that joined before it.
+
+    A ticket bound to a hold that ran out (``held_until`` passed) is out of the line like
+    an expired one: the hold was the line's one window for the freed unit, and everyone
+    bound to it let it pass."""
+    live = sorted((entry for entry in kept if entry.live(now)), key=lambda entry: entry.place)
     mine = ticket if ticket is not None and ticket.key == key else None
     row = None
     if mine is not None:
         row = next((entry for entry in kept if entry.id == mine.id), None)
-        if row is not None and row.expires_at <= now:
-            mine = row = None  # kept, and expired: no ticket
+        if row is not None and not row.live(now):
+            mine = row = None  # kept, and out of the line: no ticket
         elif row is None and mine.due <= now:
             mine = None
-    ahead = sorted(
-        (
-            entry
-            for entry in kept
-            if entry.expires_at > now and (row is None or entry.place < row.place)
-        ),
-        key=lambda entry: entry.place,
+    ahead = sum(entry.weight for entry in live if row is None or entry.place < row.place)
+    ends = [entry.held_until for entry in live if entry.held_until is not None]
+    return Line(
+        mine,
+        row is not None,
+        ahead,
+        holds=bool(ahead) and active + weight <= limit < active + ahead + weight,
+        hold_ends=min(ends) if ends else None,
+        length=len(live),
     )
-    units = sum(entry.weight for entry in ahead)
-    holding: list[str] = []
-    free = limit - active
-    if units and active + weight <= limit < active + units + weight:
-        taken = 0
-        for entry in ahead:
-            taken += entry.weight
-            if taken > free:
-                break
-            holding.append(entry.id)
-    return Line(mine, row is not None, units, tuple(holding))
 
 
 def _micros(moment: datetime.datetime) -> int:
@@ -229,10 +258,12 @@ def _from_micros(value: Any) -> datetime.datetime:
 
 __all__ = [
     "HEADER",
+    "LINE_PER_UNIT",
     "KeptTicket",
     "Line",
     "Ticket",
     "issue",
+    "most_kept",
     "place_in_line",
     "presented",
     "presenting",

@@ -22,7 +22,7 @@ from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from durable_django import Concurrency, ConcurrencyLimitError, Engine, RunStatus
+from durable_django import Concurrency, ConcurrencyLimitError, Engine, RunStatus, tickets
 from durable_django import engine as default_engine
 from durable_django.concurrency import DEFAULT_FAIR_WINDOW, Quota, merge
 from durable_django.estimates import Holder, soonest_free
@@ -126,13 +126,18 @@ def test_the_line_counts_only_live_kept_tickets_ahead():
     mid = KeptTicket("b", "k", now - datetime.timedelta(seconds=2), 2, later)
     gone = KeptTicket("c", "k", now - datetime.timedelta(seconds=4), 1, now)
     mine = issue("k", 1, now - datetime.timedelta(seconds=1), later)
-    line = place_in_line([mid, gone, old], mine, "k", active=0, limit=2, weight=1, now=now)
-    assert (line.ticket, line.kept, line.ahead, line.holding) == (mine, False, 3, ("a",))
+    lapsed = KeptTicket("d", "k", now - datetime.timedelta(seconds=5), 1, later, "", now)
+    line = place_in_line([mid, gone, old, lapsed], mine, "k", active=0, limit=2, weight=1, now=now)
+    assert (line.ticket, line.kept, line.ahead, line.holds) == (mine, False, 3, True)
+    assert (line.hold_ends, line.length) == (None, 2)
     mine_kept = KeptTicket(mine.id, "k", now - datetime.timedelta(seconds=2.5), 1, later)
     line = place_in_line([mid, old, mine_kept], mine, "k", active=0, limit=2, weight=1, now=now)
-    assert (line.kept, line.ahead, line.holding) == (True, 1, ())  # behind "a" only: fits
+    assert (line.kept, line.ahead, line.holds) == (True, 1, False)  # behind "a" only: fits
     line = place_in_line([mid, old], None, "k", active=2, limit=2, weight=1, now=now)
-    assert (line.ahead, line.holding) == (3, ())  # full anyway: nothing is held
+    assert (line.ahead, line.holds) == (3, False)  # full anyway: nothing is held
+    bound = KeptTicket("e", "k", now - datetime.timedelta(seconds=1), 1, later, "", later)
+    line = place_in_line([old, bound], None, "k", active=0, limit=1, weight=1, now=now)
+    assert (line.holds, line.hold_ends) == (True, later)
 
 
 # the line --------------------------------------------------------------------------------
@@ -195,12 +200,143 @@ def test_a_held_slot_is_released_after_the_window(fair_engine):
     finish(fair_engine, first)
     assert refused(fair_engine, key, window=0.2).held == 1  # the hold begins
     (entry,) = kept(fair_engine, key)
-    assert entry.expires_at <= timezone.now() + datetime.timedelta(seconds=0.2)
+    assert entry.held_until is not None
+    assert entry.held_until <= timezone.now() + datetime.timedelta(seconds=0.2)
     time.sleep(0.3)
     start(fair_engine, key, window=0.2)  # the ticket's holder never came: it expired
     late = refused(fair_engine, key, ticket, window=0.2)
     assert late.ticket != ticket  # a new place, at the back of the line
     assert read(late.ticket).issued_at > read(ticket).issued_at
+
+
+def join(engine: Engine, key: str, **options: Any) -> str:
+    """A ticket taken and presented once, while the key is full: it joins the line."""
+    ticket = refused(engine, key, **options).ticket
+    assert refused(engine, key, ticket, **options).ticket == ticket
+    return ticket
+
+
+def turned_away(engine: Engine, key: str, window: float) -> tuple[int, float]:
+    """A start refused at a freed slot held for tickets: the hold begins. Returns the
+    units held, and when one window has passed since (``time.monotonic()``)."""
+    error = refused(engine, key, window=window)
+    assert error.active == 0
+    return error.held, time.monotonic() + window
+
+
+def wait_until(moment: float) -> None:
+    time.sleep(max(0.0, moment - time.monotonic()) + 0.01)
+
+
+#: A window long enough for the tickets of a test not to expire on their own while it
+#: takes them (a ticket also expires ``retry_after + window`` after its last refusal).
+LONG = 1.0
+
+
+@pytest.mark.parametrize("abandoned", [1, 6])
+def test_abandoned_tickets_keep_a_freed_slot_one_window_at_most(fair_engine, abandoned):
+    """A client collects tickets, presents each once and leaves: the freed slot is held
+    for the line one window from the first start it turned away, not one per ticket;
+    then every ticket waiting leaves the line together, and a new start is admitted."""
+    key = fresh_key()
+    holder = start(fair_engine, key, window=LONG)
+    for _ in range(abandoned):
+        join(fair_engine, key, window=LONG)
+    finish(fair_engine, holder)
+    held, one_window_later = turned_away(fair_engine, key, window=LONG)
+    assert held >= min(2, abandoned)
+    wait_until(one_window_later)
+    start(fair_engine, key, window=LONG)  # open
+    assert all(not entry.live(timezone.now()) for entry in kept(fair_engine, key))
+
+
+def test_tickets_joining_during_a_hold_leave_with_it(fair_engine):
+    """A ticket presented while a hold runs is bound to that hold: presenting a new one
+    every window does not keep the slot held for longer."""
+    key = fresh_key()
+    holder = start(fair_engine, key, window=LONG)
+    join(fair_engine, key, window=LONG)
+    late = refused(fair_engine, key, window=LONG).ticket  # taken while the key is full
+    finish(fair_engine, holder)
+    held, one_window_later = turned_away(fair_engine, key, window=LONG)
+    assert held == 1
+    assert refused(fair_engine, key, late, window=LONG).held == 1  # joins during the hold
+    bound = {entry.id: entry.held_until for entry in kept(fair_engine, key)}
+    assert bound[read(late).id] is not None
+    wait_until(one_window_later)
+    start(fair_engine, key, window=LONG)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hold_used_by_its_ticket_keeps_the_places_behind_it(fair_engine):
+    """A kept ticket admitted into the held slot ends the hold (once its start commits:
+    outside a transaction of the test's, so that it does); the tickets behind it keep
+    their places past the window, for the next slot."""
+    key = fresh_key()
+    holder = start(fair_engine, key, window=LONG)
+    first, second = join(fair_engine, key, window=LONG), join(fair_engine, key, window=LONG)
+    finish(fair_engine, holder)
+    held, one_window_later = turned_away(fair_engine, key, window=LONG)
+    assert held == 2
+    served = start(fair_engine, key, first, window=LONG)  # the slot went to the line
+    (behind,) = kept(fair_engine, key)
+    assert (behind.id, behind.held_until) == (read(second).id, None)
+    wait_until(one_window_later)  # the used hold took no one with it:
+    assert refused(fair_engine, key, second, window=LONG).ticket == second
+    finish(fair_engine, served)
+    assert refused(fair_engine, key, window=LONG).held == 1  # held for the second
+    start(fair_engine, key, second, window=LONG)
+    assert kept(fair_engine, key) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_line_keeps_a_bounded_number_of_tickets(fair_engine, monkeypatch):
+    """At most ``LINE_PER_UNIT`` tickets per unit of the limit are kept: a ticket
+    presented to a full line stays valid, unkept, and joins once the line has room.
+    (Outside a transaction of the test's: off SQLite, the tickets are written on a
+    connection of their own, which would wait on the rows the test's drops lock.)"""
+    monkeypatch.setattr(tickets, "LINE_PER_UNIT", 2)
+    key = fresh_key()
+    holder = start(fair_engine, key, limit=2)
+    start(fair_engine, key, limit=2)
+    for _ in range(5):
+        join(fair_engine, key, limit=2)
+    assert len(kept(fair_engine, key)) == 4  # 2 per unit of the limit
+    outside = refused(fair_engine, key, limit=2).ticket
+    assert refused(fair_engine, key, outside, limit=2).ticket == outside  # valid, unkept
+    assert read(outside).id not in {entry.id for entry in kept(fair_engine, key)}
+    finish(fair_engine, holder)
+    for entry in kept(fair_engine, key)[:2]:  # two leave the line, admitted
+        fair_engine.store.drop_ticket(entry.id)
+    refused(fair_engine, key, outside, limit=2)
+    assert read(outside).id in {entry.id for entry in kept(fair_engine, key)}
+
+
+def test_each_namespace_has_a_line_of_its_own(fair_engine):
+    """With ``scope_reads``, a namespace counts its own runs and its own tickets: a ticket
+    kept in one does not refuse a start in another."""
+    blue, green = (
+        Engine(
+            store=fair_engine.store,
+            registry=fair_engine.registry,
+            namespace=name,
+            scope_reads=True,
+            enqueue=False,
+        )
+        for name in ("blue", "green")
+    )
+    key = fresh_key()
+    holder = start(blue, key)
+    ticket = join(blue, key)
+    assert [entry.namespace for entry in kept(blue, key)] == ["blue"]
+    admitted = start(green, key)  # green has the whole limit, and no one in its line
+    green_ticket = join(green, key)
+    finish(blue, holder)
+    assert refused(blue, key).held == 1  # held for blue's ticket only
+    start(blue, key, ticket)
+    assert [entry.id for entry in kept(green, key)] == [read(green_ticket).id]
+    finish(green, admitted)
+    start(green, key, green_ticket)
 
 
 def test_the_purge_deletes_expired_tickets_only(fair_engine):
@@ -211,7 +347,8 @@ def test_the_purge_deletes_expired_tickets_only(fair_engine):
     assert len(kept(fair_engine, key)) == 1
     live = refused(fair_engine, key, window=60).ticket
     refused(fair_engine, key, live, window=60)
-    fair_engine.store.hold_tickets([read(gone).id], timezone.now())  # expired now
+    now = timezone.now()  # expired now:
+    fair_engine.store.keep_ticket(KeptTicket(read(gone).id, key, now, 1, now), most=10)
     result = fair_engine.purge(datetime.timedelta(days=1))
     assert result.tickets == 1
     assert [t.id for t in kept(fair_engine, key)] == [read(live).id]
@@ -510,7 +647,7 @@ class RefusesTicketWrites(MemoryStore):
     def keep_ticket(self, ticket: KeptTicket) -> None:
         raise OSError("the database went away")
 
-    def hold_tickets(self, ticket_ids: Any, until: Any) -> None:
+    def hold_tickets(self, key: str, namespace: Any, until: Any) -> None:
         raise OSError("the database went away")
 
 

@@ -23,6 +23,7 @@ store runs against itself.
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from ..tickets import KeptTicket, Ticket, place_in_line
 
 if TYPE_CHECKING:
     from django.core.checks import CheckMessage
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AsyncReleaseListener",
@@ -522,30 +525,41 @@ class BaseStore(abc.ABC):
 
     # fair quotas' tickets ---------------------------------------------------------------
     #
-    # A store that keeps tickets implements all four; the defaults refuse, so a fair
+    # A store that keeps tickets implements them all; the defaults refuse, so a fair
     # quota on a store without them fails with an error that says so.
 
-    def ticket_line(self, key: str) -> list[KeptTicket]:
-        """The tickets kept for quota ``key``, live or expired, in any order. Read inside
-        the start's transaction, under the key's lock."""
+    def ticket_line(self, key: str, namespace: str | None = None) -> list[KeptTicket]:
+        """The tickets kept for quota ``key`` (in ``namespace``; every namespace when it
+        is ``None``), live or not, in any order. Read inside the start's transaction,
+        under the key's lock."""
         raise NotImplementedError(f"{type(self).__name__} keeps no tickets for fair quotas")
 
-    def keep_ticket(self, ticket: KeptTicket) -> None:
-        """Keep ``ticket``, or move the expiry of the one kept with its id to
-        ``ticket.expires_at``; the key's tickets expired by then may be dropped. Called
-        after the refused start's transaction, outside the key's lock: it must commit even
-        when the caller's transaction is later rolled back, where the store can."""
+    def keep_ticket(self, ticket: KeptTicket, *, most: int) -> None:
+        """Keep ``ticket`` (with its ``held_until``) unless its line (its key and
+        namespace) already keeps ``most`` live tickets; or move the expiry of the one kept
+        with its id to ``ticket.expires_at``. The key's tickets out of the line by then
+        may be dropped. Called after the refused start's transaction, outside the key's
+        lock: it must commit even when the caller's transaction is later rolled back,
+        where the store can."""
         raise NotImplementedError(f"{type(self).__name__} keeps no tickets for fair quotas")
 
-    def hold_tickets(self, ticket_ids: Collection[str], until: datetime) -> None:
-        """Bring the expiry of the kept tickets ``ticket_ids`` down to ``until`` where it is
-        later: their turn has come, and a slot is held for them only that long. Written as
-        :meth:`keep_ticket` is."""
+    def hold_tickets(self, key: str, namespace: str | None, until: datetime) -> None:
+        """Bind the live tickets of ``key``'s line (in ``namespace``; every namespace when
+        ``None``) that no hold binds yet to a hold running out at ``until``: a freed unit
+        is held for them, and they leave the line together if it runs out unused.
+        Written as :meth:`keep_ticket` is."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no tickets for fair quotas")
+
+    def end_hold(self, key: str, namespace: str | None, now: datetime) -> None:
+        """Unbind the tickets of ``key``'s line bound to a hold still running at ``now``:
+        a kept ticket took the held unit. Called once that start's transaction commits
+        (:meth:`on_commit`: a failure is logged, and the hold runs out as if unused)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no tickets for fair quotas")
 
     def purge_tickets(self, expired_before: datetime, limit: int) -> int:
-        """Delete up to ``limit`` kept tickets that expired before ``expired_before``;
-        return how many. The default keeps none, so deletes none."""
+        """Delete up to ``limit`` kept tickets out of their line (expired, or bound to a
+        hold that ran out) before ``expired_before``; return how many. The default keeps
+        none, so deletes none."""
         return 0
 
     def drop_ticket(self, ticket_id: str) -> None:
@@ -676,20 +690,22 @@ def check_quotas(
     and the run's weight would exceed its limit.
 
     A fair quota adds the units of the live kept tickets ahead of the start's ``ticket``
-    (all of them without one; :func:`durable_django.tickets.place_in_line`): its refusal
-    carries ``held`` and the ``line`` it saw. When every quota admits, the start's kept
-    ticket is dropped (:meth:`BaseStore.drop_ticket`)."""
+    (all of them without one) in the line of ``read_namespace``
+    (:func:`durable_django.tickets.place_in_line`): its refusal carries ``held`` and the
+    ``line`` it saw. When every quota admits, the start's kept ticket is dropped
+    (:meth:`BaseStore.drop_ticket`), and the hold its line is bound to ends once the
+    start commits (:meth:`BaseStore.end_hold`): the line took a held slot."""
     if not quotas:
         return
     units = store.quota_units(quotas, read_namespace)
     now: datetime | None = None
-    admitted: str | None = None
+    admitted: tuple[str, str] | None = None  # a kept ticket's id, and the key of its line
     for quota, active in zip(quotas, units, strict=True):
         line = None
         if quota.fair:
             now = now or timezone.now()
             line = place_in_line(
-                store.ticket_line(quota.key),
+                store.ticket_line(quota.key, read_namespace),
                 ticket,
                 quota.key,
                 active=active,
@@ -703,9 +719,27 @@ def check_quotas(
             error.line = line
             raise error
         if line is not None and line.kept and line.ticket is not None:
-            admitted = line.ticket.id
-    if admitted is not None:
-        store.drop_ticket(admitted)
+            admitted = (line.ticket.id, quota.key if line.hold_ends is not None else "")
+    if admitted is not None and now is not None:
+        ticket_id, held_key = admitted
+        store.drop_ticket(ticket_id)
+        if held_key:
+            store.on_commit(_hold_ender(store, held_key, read_namespace, now))
+
+
+def _hold_ender(
+    store: BaseStore, key: str, namespace: str | None, now: datetime
+) -> Callable[[], None]:
+    """:meth:`BaseStore.end_hold` as an on-commit callback: a failure (a deadlock among
+    the line's writes) is logged, and the hold runs out as if unused."""
+
+    def end_hold() -> None:
+        try:
+            store.end_hold(key, namespace, now)
+        except Exception:
+            logger.warning("could not end the hold on key %r", key, exc_info=True)
+
+    return end_hold
 
 
 def check_quota(store: BaseStore, quota: Quota, workflow: str, read_namespace: str | None) -> None:

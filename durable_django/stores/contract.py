@@ -958,7 +958,7 @@ class StoreContract:
         newer = issue(key, 1, now - SECOND, now + HOUR)
         for ticket in (newer, older):
             store.keep_ticket(
-                KeptTicket(ticket.id, key, ticket.issued_at, 1, now + HOUR)
+                KeptTicket(ticket.id, key, ticket.issued_at, 1, now + HOUR), most=10
             )  # joined then
         assert sorted(t.id for t in store.ticket_line(key)) == sorted([older.id, newer.id])
         assert store.ticket_line(key + ":other") == []
@@ -969,7 +969,7 @@ class StoreContract:
             store.start_run(
                 new_run("newer"), [fair], check_existing=True, read_namespace=None, ticket=newer
             )
-        assert caught.value.held == 1 and caught.value.line.holding == (older.id,)
+        assert caught.value.held == 1 and caught.value.line.holds  # held for the older
         assert store.start_run(
             new_run("older", tags=(fair.tag,)),
             [fair],
@@ -983,23 +983,42 @@ class StoreContract:
     def test_tickets_are_kept_held_and_purged(self, store: BaseStore) -> None:
         now = timezone.now()
         key = fresh_ticket_key(store)
-        a, b = (uuid.uuid4().hex for _ in range(2))
-        store.keep_ticket(KeptTicket(a, key, now, 1, now + HOUR))
-        store.keep_ticket(KeptTicket(a, key, now, 2, now + 2 * HOUR))  # moved, not doubled
-        store.keep_ticket(KeptTicket(b, key, now, 1, now + HOUR))
+        a, b, c = (uuid.uuid4().hex for _ in range(3))
+        store.keep_ticket(KeptTicket(a, key, now, 1, now + HOUR), most=2)
+        store.keep_ticket(KeptTicket(a, key, now, 2, now + 2 * HOUR), most=2)  # moved
+        store.keep_ticket(KeptTicket(b, key, now, 1, now + HOUR), most=2)
+        store.keep_ticket(KeptTicket(c, key, now, 1, now + HOUR), most=2)  # a full line
         by_id = {t.id: t for t in store.ticket_line(key)}
         assert sorted(by_id) == sorted([a, b])
         assert by_id[a].weight == 2
         assert abs(by_id[a].expires_at - (now + 2 * HOUR)) < SECOND
-        store.hold_tickets([a], now + SECOND)
-        store.hold_tickets([b], now + 3 * HOUR)  # never later than it was
-        by_id = {t.id: t for t in store.ticket_line(key)}
-        assert abs(by_id[a].expires_at - (now + SECOND)) < SECOND / 10
-        assert abs(by_id[b].expires_at - (now + HOUR)) < SECOND
-        assert store.purge_tickets(now + 2 * SECOND, 10000) >= 1
-        assert [t.id for t in store.ticket_line(key)] == [b]
-        store.drop_ticket(b)
+        store.hold_tickets(key, None, now + SECOND)
+        store.hold_tickets(key, None, now + HOUR)  # bound already: the first hold stands
+        for ticket in store.ticket_line(key):
+            assert ticket.held_until is not None
+            assert abs(ticket.held_until - (now + SECOND)) < SECOND / 10
+        store.end_hold(key, None, now + 2 * SECOND)  # ran out by then: stays bound
+        assert all(not t.live(now + 2 * SECOND) for t in store.ticket_line(key))
+        store.end_hold(key, None, now)  # running at now, and used: unbound
+        assert [t.held_until for t in store.ticket_line(key)] == [None, None]
+        assert store.purge_tickets(now + 3 * HOUR, 10000) >= 2
         assert store.ticket_line(key) == []
+
+    def test_a_line_is_per_namespace(self, store: BaseStore) -> None:
+        now = timezone.now()
+        key = fresh_ticket_key(store)
+        a, b = (uuid.uuid4().hex for _ in range(2))
+        store.keep_ticket(KeptTicket(a, key, now, 1, now + HOUR, "blue"), most=1)
+        store.keep_ticket(KeptTicket(b, key, now, 1, now + HOUR, "green"), most=1)
+        assert [t.id for t in store.ticket_line(key, "blue")] == [a]
+        assert [t.id for t in store.ticket_line(key, "green")] == [b]
+        assert sorted(t.id for t in store.ticket_line(key)) == sorted([a, b])
+        store.hold_tickets(key, "blue", now + HOUR)
+        assert [t.held_until is None for t in store.ticket_line(key, "green")] == [True]
+        store.end_hold(key, "green", now)  # another line's: blue's hold runs on
+        assert [t.held_until is None for t in store.ticket_line(key, "blue")] == [False]
+        store.drop_ticket(a)
+        store.drop_ticket(b)
 
     # the store's environment ---------------------------------------------------------
 

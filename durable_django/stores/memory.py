@@ -72,35 +72,43 @@ class MemoryStore(BaseStore):
                 },
             )
 
-    def ticket_line(self, key: str) -> list[KeptTicket]:
+    def ticket_line(self, key: str, namespace: str | None = None) -> list[KeptTicket]:
         with self._lock:
-            return [ticket for ticket in self._tickets.values() if ticket.key == key]
+            return [t for t in self._tickets.values() if _in_line(t, key, namespace)]
 
-    def keep_ticket(self, ticket: KeptTicket) -> None:
+    def keep_ticket(self, ticket: KeptTicket, *, most: int) -> None:
         now = timezone.now()
         with self._lock:
-            for expired in [
-                t.id for t in self._tickets.values() if t.key == ticket.key and t.expires_at <= now
+            for gone in [
+                t.id for t in self._tickets.values() if t.key == ticket.key and not t.live(now)
             ]:
-                del self._tickets[expired]
+                del self._tickets[gone]
             kept = self._tickets.get(ticket.id)
-            if kept is not None:  # its place stays; its expiry and weight move
-                ticket = dataclasses.replace(ticket, joined_at=kept.joined_at)
-            self._tickets[ticket.id] = ticket
+            if kept is not None:  # its place and hold stay; its expiry and weight move
+                self._tickets[ticket.id] = dataclasses.replace(
+                    kept, expires_at=ticket.expires_at, weight=ticket.weight
+                )
+            elif len(self.ticket_line(ticket.key, ticket.namespace)) < most:
+                self._tickets[ticket.id] = ticket
 
-    def hold_tickets(self, ticket_ids: Collection[str], until: datetime) -> None:
+    def hold_tickets(self, key: str, namespace: str | None, until: datetime) -> None:
         with self._lock:
-            for ticket_id in ticket_ids:
-                ticket = self._tickets.get(ticket_id)
-                if ticket is not None and ticket.expires_at > until:
-                    self._tickets[ticket_id] = dataclasses.replace(ticket, expires_at=until)
+            for t in self.ticket_line(key, namespace):
+                if t.held_until is None:
+                    self._tickets[t.id] = dataclasses.replace(t, held_until=until)
+
+    def end_hold(self, key: str, namespace: str | None, now: datetime) -> None:
+        with self._lock:
+            for t in self.ticket_line(key, namespace):
+                if t.held_until is not None and t.held_until > now:
+                    self._tickets[t.id] = dataclasses.replace(t, held_until=None)
 
     def purge_tickets(self, expired_before: datetime, limit: int) -> int:
         with self._lock:
-            expired = [t.id for t in self._tickets.values() if t.expires_at < expired_before]
-            for ticket_id in expired[:limit]:
+            gone = [t.id for t in self._tickets.values() if not t.live(expired_before)]
+            for ticket_id in gone[:limit]:
                 del self._tickets[ticket_id]
-            return len(expired[:limit])
+            return len(gone[:limit])
 
     def drop_ticket(self, ticket_id: str) -> None:
         with self._lock:
@@ -242,3 +250,8 @@ class MemoryStore(BaseStore):
         with self._lock:
             self._runs.pop(run_id, None)
             self._steps.pop(run_id, None)
+
+
+def _in_line(ticket: KeptTicket, key: str, namespace: str | None) -> bool:
+    """Whether ``ticket`` is in ``key``'s line in ``namespace`` (``None``: any)."""
+    return ticket.key == key and namespace in (None, ticket.namespace)

@@ -515,14 +515,17 @@ class OrmStore(BaseStore):
 
     # fair quotas' tickets: durable_django.stores.ticket_rows ---------------------------
 
-    def ticket_line(self, key: str) -> list[KeptTicket]:
-        return ticket_rows.line(self.using, key)
+    def ticket_line(self, key: str, namespace: str | None = None) -> list[KeptTicket]:
+        return ticket_rows.line(self.using, key, namespace)
 
-    def keep_ticket(self, ticket: KeptTicket) -> None:
-        ticket_rows.keep(self.using, ticket)
+    def keep_ticket(self, ticket: KeptTicket, *, most: int) -> None:
+        ticket_rows.keep(self.using, ticket, most)
 
-    def hold_tickets(self, ticket_ids: Collection[str], until: datetime) -> None:
-        ticket_rows.hold(self.using, ticket_ids, until)
+    def hold_tickets(self, key: str, namespace: str | None, until: datetime) -> None:
+        ticket_rows.hold(self.using, key, namespace, until)
+
+    def end_hold(self, key: str, namespace: str | None, now: datetime) -> None:
+        ticket_rows.end_hold(self.using, key, namespace, now)
 
     def drop_ticket(self, ticket_id: str) -> None:
         ticket_rows.drop(self.using, ticket_id)

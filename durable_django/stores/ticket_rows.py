@@ -13,27 +13,29 @@ kept yet, which the store keeps at its next refusal).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from ..models import QuotaTicket
 from ..tickets import KeptTicket
 
 
-def line(using: str, key: str) -> list[KeptTicket]:
-    """The tickets kept for ``key`` (live or expired), by place."""
-    rows = (
-        QuotaTicket.objects.using(using)
-        .filter(quota_key=key)
-        .order_by("joined_at", "id")
-        .values_list("id", "joined_at", "weight", "expires_at")
-    )
-    return [KeptTicket(id, key, joined, weight, expires) for id, joined, weight, expires in rows]
+def line(using: str, key: str, namespace: str | None) -> list[KeptTicket]:
+    """The tickets kept for ``key`` in ``namespace`` (every one when ``None``), live or
+    not, by place."""
+    rows = _in_line(QuotaTicket.objects.using(using), key, namespace)
+    return [
+        KeptTicket(id, key, joined, weight, expires, kept_in, held)
+        for id, joined, weight, expires, kept_in, held in rows.order_by(
+            "joined_at", "id"
+        ).values_list("id", "joined_at", "weight", "expires_at", "namespace", "held_until")
+    ]
 
 
 def drop(using: str, ticket_id: str) -> None:
@@ -41,60 +43,103 @@ def drop(using: str, ticket_id: str) -> None:
     QuotaTicket.objects.using(using).filter(id=ticket_id).delete()
 
 
-def purge(using: str, expired_before: datetime, limit: int) -> int:
-    """Delete up to ``limit`` tickets that expired before ``expired_before``."""
+def end_hold(using: str, key: str, namespace: str | None, now: datetime) -> None:
+    """Unbind ``key``'s tickets (in ``namespace``) from a hold still running at ``now``."""
     rows = QuotaTicket.objects.using(using)
-    batch = list(rows.filter(expires_at__lt=expired_before).values_list("id", flat=True)[:limit])
+    bound = _in_line(rows, key, namespace).filter(held_until__gt=now)
+    ids = list(bound.order_by("id").values_list("id", flat=True))
+    if ids:  # locked by id, in id order, as every write of the line's rows locks them
+        rows.filter(id__in=ids, held_until__gt=now).update(held_until=None)
+
+
+def purge(using: str, expired_before: datetime, limit: int) -> int:
+    """Delete up to ``limit`` tickets out of their line before ``expired_before``."""
+    rows = QuotaTicket.objects.using(using)
+    gone = Q(expires_at__lt=expired_before) | Q(held_until__lt=expired_before)
+    batch = list(rows.filter(gone).values_list("id", flat=True)[:limit])
     return rows.filter(id__in=batch).delete()[0] if batch else 0
 
 
-def keep(using: str, ticket: KeptTicket) -> None:
-    """Insert ``ticket``, or move its expiry, and delete the key's expired tickets."""
+def keep(using: str, ticket: KeptTicket, most: int) -> None:
+    """Move the expiry of ``ticket``, or insert it unless its line keeps ``most`` live
+    tickets; first delete the key's tickets out of the line."""
     with _writing(using) as (connection, cursor):
         table, quote = _table(connection)
         adapt = connection.ops.adapt_datetimefield_value
+        now = adapt(timezone.now())
+        key, expires, held = quote("quota_key"), quote("expires_at"), quote("held_until")
+        gone = f"({expires} <= %s OR {held} <= %s)"
+        dead = _ids(cursor, table, quote, f"{key} = %s AND {gone}", [ticket.key, now, now])
+        if dead:
+            cursor.execute(
+                f"DELETE FROM {table} WHERE {_id_in(quote, dead)} AND {gone}", [*dead, now, now]
+            )
         cursor.execute(
-            f"DELETE FROM {table} WHERE {quote('quota_key')} = %s AND {quote('expires_at')} <= %s",
-            [ticket.key, adapt(timezone.now())],
-        )
-        cursor.execute(
-            f"UPDATE {table} SET {quote('expires_at')} = %s, {quote('weight')} = %s "
-            f"WHERE {quote('id')} = %s",
+            f"UPDATE {table} SET {expires} = %s, {quote('weight')} = %s WHERE {quote('id')} = %s",
             [adapt(ticket.expires_at), ticket.weight, ticket.id],
         )
         if cursor.rowcount:
             return
+        cursor.execute(
+            f"SELECT COUNT(*) FROM {table} WHERE {key} = %s AND {quote('namespace')} = %s",
+            [ticket.key, ticket.namespace],
+        )
+        if cursor.fetchone()[0] >= most:
+            return  # a full line: the ticket stays valid, unkept
         try:
             with _savepoint(connection):
                 cursor.execute(
-                    f"INSERT INTO {table} ({quote('id')}, {quote('quota_key')}, "
-                    f"{quote('joined_at')}, {quote('weight')}, {quote('expires_at')}) "
-                    f"VALUES (%s, %s, %s, %s, %s)",
+                    f"INSERT INTO {table} ({quote('id')}, {key}, {quote('namespace')}, "
+                    f"{quote('joined_at')}, {quote('weight')}, {expires}, {held}) "
+                    f"VALUES (%s, %s, %s, %s, %s, %s, %s)",
                     [
                         ticket.id,
                         ticket.key,
+                        ticket.namespace,
                         adapt(ticket.joined_at),
                         ticket.weight,
                         adapt(ticket.expires_at),
+                        adapt(ticket.held_until),
                     ],
                 )
         except IntegrityError:  # the same ticket, kept by a concurrent retry
             pass
 
 
-def hold(using: str, ticket_ids: Collection[str], until: datetime) -> None:
-    """Bring the expiry of ``ticket_ids`` down to ``until`` where it is later."""
-    if not ticket_ids:
-        return
+def hold(using: str, key: str, namespace: str | None, until: datetime) -> None:
+    """Bind ``key``'s tickets (in ``namespace``) that no hold binds to one ending ``until``."""
     with _writing(using) as (connection, cursor):
         table, quote = _table(connection)
-        marks = ", ".join(["%s"] * len(ticket_ids))
-        moment = connection.ops.adapt_datetimefield_value(until)
-        cursor.execute(
-            f"UPDATE {table} SET {quote('expires_at')} = %s "
-            f"WHERE {quote('id')} IN ({marks}) AND {quote('expires_at')} > %s",
-            [moment, *ticket_ids, moment],
-        )
+        where, params = f"{quote('quota_key')} = %s", [key]
+        if namespace is not None:
+            where, params = f"{where} AND {quote('namespace')} = %s", [key, namespace]
+        free = f"{quote('held_until')} IS NULL"
+        ids = _ids(cursor, table, quote, f"{where} AND {free}", params)
+        if ids:
+            cursor.execute(
+                f"UPDATE {table} SET {quote('held_until')} = %s "
+                f"WHERE {_id_in(quote, ids)} AND {free}",
+                [connection.ops.adapt_datetimefield_value(until), *ids],
+            )
+
+
+def _ids(cursor: Any, table: str, quote: Any, where: str, params: list[Any]) -> list[str]:
+    """The ids of the rows ``where`` selects, read without a lock, in id order: the rows a
+    write then locks by id, so that the writes of one line lock its rows in one order
+    (a range of the ``(quota_key, joined_at)`` index, locked by one statement while a
+    start deletes a row by id, deadlocks on MySQL/MariaDB)."""
+    id = quote("id")
+    cursor.execute(f"SELECT {id} FROM {table} WHERE {where} ORDER BY {id}", params)
+    return [row[0] for row in cursor.fetchall()]
+
+
+def _id_in(quote: Any, ids: list[str]) -> str:
+    return f"{quote('id')} IN ({', '.join(['%s'] * len(ids))})"
+
+
+def _in_line(rows: QuerySet[QuotaTicket], key: str, namespace: str | None) -> QuerySet[QuotaTicket]:
+    rows = rows.filter(quota_key=key)
+    return rows if namespace is None else rows.filter(namespace=namespace)
 
 
 def _table(connection: BaseDatabaseWrapper) -> tuple[str, Any]:
