@@ -1,7 +1,7 @@
 """Celery's own tooling sees runs as it sees tasks: the workflow's name (``shadow``) in
 the message and in ``inspect active``, ``task-sent`` events, and the priority of the
-route, of ``task_default_priority``, or declared by the workflow, read back from Redis
-and RabbitMQ."""
+route, of ``task_default_priority``, declared by the workflow, or a task's, read back from
+Redis and RabbitMQ."""
 
 from __future__ import annotations
 
@@ -73,6 +73,32 @@ def test_a_runs_priority_is_over_the_workflows(idle_queue: str, broker: Broker) 
 
     [message] = broker.all_messages(idle_queue)
     assert (message.run_ids(), message.priority) == (["given"], 6)
+
+
+#: A django.tasks priority and the priority a broker keeps its message at: RabbitMQ's
+#: larger first; on Redis reversed, in kombu's lists 0, 3, 6 and 9 (9 -> 0, 5 -> 3, 0 -> 9).
+TASK_PRIORITIES = {
+    "rabbitmq": {-100: 0, 0: 4, 100: 9},
+    "redis": {-100: 9, 0: 3, 100: 0},
+}
+
+
+def test_a_task_runs_priority_is_its_tasks_in_the_brokers_direction(
+    idle_queue: str, broker: Broker, configured: Any
+) -> None:
+    configured(task_default_priority=6)  # a task's own priority is over the default
+    expected = TASK_PRIORITIES[broker.name]
+    publish_runs([RunMessage(str(p), idle_queue, "django.task", task_priority=p) for p in expected])
+
+    found = {int(m.run_ids()[0]): m.priority for m in broker.all_messages(idle_queue)}
+    assert found == expected
+
+
+def test_a_runs_own_priority_is_over_its_tasks(idle_queue: str, broker: Broker) -> None:
+    publish_runs([RunMessage("given", idle_queue, "django.task", 9, task_priority=-100)])
+
+    [message] = broker.all_messages(idle_queue)
+    assert message.priority == 9
 
 
 @pytest.mark.parametrize("priority", [-1, 10, 2.5, "9", True])
