@@ -83,10 +83,12 @@ TASK_PRIORITIES = {
 }
 
 
+@pytest.mark.parametrize("through_apply_async", [False, True])
 def test_a_task_runs_priority_is_its_tasks_in_the_brokers_direction(
-    idle_queue: str, broker: Broker, configured: Any
+    idle_queue: str, broker: Broker, configured: Any, through_apply_async: bool
 ) -> None:
-    configured(task_default_priority=6)  # a task's own priority is over the default
+    # a task's own priority is over the default; with task-sent events, sent by apply_async
+    configured(task_default_priority=6, task_send_sent_event=through_apply_async)
     expected = TASK_PRIORITIES[broker.name]
     publish_runs([RunMessage(str(p), idle_queue, "django.task", task_priority=p) for p in expected])
 
