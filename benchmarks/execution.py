@@ -695,7 +695,7 @@ def main() -> None:
                 m = measure(variant, args.runs)
                 variant.measurements.append(m)
                 print(
-                    f"  round {number + 1} {name:<8} {args.runs / m.seconds:7.0f} runs/s "
+                    f"  round {number + 1} {name:<12} {args.runs / m.seconds:7.0f} runs/s "
                     f"({m.seconds:.2f} s, dispatch {m.dispatch:.2f} s, "
                     f"then {m.drain:.0f}/s; CPU ms/run: worker {m.worker_cpu:.2f}, "
                     f"its server process {shown(m.server_cpu)}; VmHWM {m.hwm_kb / 1024:.1f} MiB)",
