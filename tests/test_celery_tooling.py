@@ -15,7 +15,7 @@ from durable_django.engines import default_engine
 from durable_django.models import Run
 from durable_django.publishing import TASK_NAME, RunMessage, publish_runs
 
-from .brokers import Broker
+from .brokers import TASK_PRIORITIES, Broker
 from .tooling_workflows import urgent
 from .worker_workflows import total
 
@@ -73,14 +73,6 @@ def test_a_runs_priority_is_over_the_workflows(idle_queue: str, broker: Broker) 
 
     [message] = broker.all_messages(idle_queue)
     assert (message.run_ids(), message.priority) == (["given"], 6)
-
-
-#: A django.tasks priority and the priority a broker keeps its message at: RabbitMQ's
-#: larger first; on Redis reversed, in kombu's lists 0, 3, 6 and 9 (9 -> 0, 5 -> 3, 0 -> 9).
-TASK_PRIORITIES = {
-    "rabbitmq": {-100: 0, 0: 4, 100: 9},
-    "redis": {-100: 9, 0: 3, 100: 0},
-}
 
 
 @pytest.mark.parametrize("through_apply_async", [False, True])

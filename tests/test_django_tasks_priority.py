@@ -14,8 +14,7 @@ from django.utils import timezone
 from durable_django import engine as default_engine
 
 from . import django_task_functions as tasks
-from .brokers import Broker
-from .test_celery_tooling import TASK_PRIORITIES
+from .brokers import TASK_PRIORITIES, Broker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
