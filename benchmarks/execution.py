@@ -39,11 +39,15 @@ with libpq's protocol trace on, and lists its statements.
 With ``--base PATH`` (a checkout of the code before a change, e.g. ``git worktree add
 --detach /tmp/base main``), a sixth variant runs the durable workflow on a worker
 importing the package from there: **durable, code before**, beside **durable** (this
-checkout, with no instrumentation set up), on a queue of its own. With ``--otel``, one
-more: **durable, OTel on**, a worker of this checkout with the OpenTelemetry SDK's tracer
-provider set (``opentelemetry-sdk``), its spans batched to an exporter that drops them:
-what making the spans of turns and steps costs. With ``--only`` the rounds measure just
-the variants named (e.g. ``--only durable,before,otel``).
+checkout, with no instrumentation set up), on a queue of its own. With ``--otel``, two
+more: **durable, OTel on** and **plain, OTel on**, workers of this checkout with the
+OpenTelemetry SDK's tracer provider set (``opentelemetry-sdk``), its spans batched to an
+exporter that drops them, and OpenTelemetry's Celery instrumentation: what the spans
+cost a durable run, beside what the same instrumentation costs a plain task. With
+``--sentry``, likewise **durable, Sentry on** and **plain, Sentry on**: sentry-sdk with
+its Celery integration, every transaction sampled, its envelopes dropped. With
+``--only`` the rounds measure just the variants named (e.g.
+``--only durable,plain,otel,plain_otel``).
 
 ``--connections per-task`` leaves Celery's default (a new database connection per task);
 ``--prepared`` turns on Django's server-side binding with prepared statements;
@@ -88,6 +92,14 @@ GOALS = (
 POLL = 0.02  # seconds between two counts of what is done
 STALL = 60.0  # seconds without progress before a measurement is abandoned
 BENCH_TABLES = ["durable_run", "durable_run_tag", "durable_step", "durable_signal"]
+#: The variants on workers of their own (``--base``, ``--otel``, ``--sentry``), and their rows.
+INSTRUMENTED = {
+    "before": "durable: code before",
+    "otel": "durable: OTel on",
+    "plain_otel": "plain Celery: OTel on",
+    "sentry": "durable: Sentry on",
+    "plain_sentry": "plain Celery: Sentry on",
+}
 
 
 @dataclass
@@ -148,8 +160,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--otel",
         action="store_true",
-        help="also run the durable workflow on a worker with OpenTelemetry's SDK tracer "
-        "provider set, its spans dropped by the exporter",
+        help="also run the durable workflow and the plain task on workers with "
+        "OpenTelemetry's SDK tracer provider and Celery instrumentation, spans dropped",
+    )
+    parser.add_argument(
+        "--sentry",
+        action="store_true",
+        help="also run the durable workflow and the plain task on workers with sentry-sdk "
+        "and its Celery integration, every transaction sampled, envelopes dropped",
     )
     parser.add_argument(
         "--only",
@@ -567,8 +585,13 @@ def main() -> None:
             "FROM durable_run"
         )[0]
 
-    def plain_dispatch(index: int) -> None:
-        plain_three_writes.apply_async((uuid.uuid4().hex,), queue=PLAIN_QUEUE)
+    def plain_to(queue: str):
+        """The plain task's dispatch, sent to ``queue``."""
+
+        def dispatch(index: int) -> None:
+            plain_three_writes.apply_async((uuid.uuid4().hex,), queue=queue)
+
+        return dispatch
 
     def plain_done() -> tuple[int, int]:
         return sql(f"SELECT count(*) FROM {TABLE}")[0][0] // 3, 0
@@ -591,11 +614,13 @@ def main() -> None:
         workers["before"] = Worker(
             "before", f"{durable_queue}_before", app, root=Path(args.base).resolve()
         )
-    if args.otel:
-        workers["otel"] = Worker(
-            "otel", f"{durable_queue}_otel", app, env={"DURABLE_BENCH_OTEL": "1"}
-        )
-    queues += [worker.queue for name, worker in workers.items() if name in ("before", "otel")]
+    for name, on, setting in (("otel", args.otel, "OTEL"), ("sentry", args.sentry, "SENTRY")):
+        if on:
+            env = {f"DURABLE_BENCH_{setting}": "1"}
+            workers[name] = Worker(name, f"{durable_queue}_{name}", app, env=env)
+            plain = f"plain_{name}"
+            workers[plain] = Worker(plain, f"{PLAIN_QUEUE}_{name}", app, env=env)
+    queues += [worker.queue for name, worker in workers.items() if name in INSTRUMENTED]
     try:
         for worker in workers.values():
             worker.start(args.connections, args.synchronous_commit, args.prepared)
@@ -621,7 +646,7 @@ def main() -> None:
                 "plain Celery: 3-write task",
                 workers["plain"],
                 PLAIN_QUEUE,
-                plain_dispatch,
+                plain_to(PLAIN_QUEUE),
                 plain_done,
             ),
             "floor": Variant(
@@ -642,12 +667,13 @@ def main() -> None:
                 procrastinate_reset,
             ),
         }
-        for name, label in (("before", "durable: code before"), ("otel", "durable: OTel on")):
+        for name, label in INSTRUMENTED.items():
             if name in workers:
                 queue = workers[name].queue
-                variants[name] = Variant(
-                    name, label, workers[name], queue, dispatch_to(queue), durable_done
-                )
+                plain = name.startswith("plain_")
+                dispatch = plain_to(queue) if plain else dispatch_to(queue)
+                done = plain_done if plain else durable_done
+                variants[name] = Variant(name, label, workers[name], queue, dispatch, done)
         if args.only:
             variants = {name: variants[name] for name in args.only.split(",")}
         # Warm up: imports, connections, cached plans, Celery's producer pool.
@@ -669,7 +695,7 @@ def main() -> None:
                 m = measure(variant, args.runs)
                 variant.measurements.append(m)
                 print(
-                    f"  round {number + 1} {name:<8} {args.runs / m.seconds:7.0f} runs/s "
+                    f"  round {number + 1} {name:<12} {args.runs / m.seconds:7.0f} runs/s "
                     f"({m.seconds:.2f} s, dispatch {m.dispatch:.2f} s, "
                     f"then {m.drain:.0f}/s; CPU ms/run: worker {m.worker_cpu:.2f}, "
                     f"its server process {shown(m.server_cpu)}; VmHWM {m.hwm_kb / 1024:.1f} MiB)",
@@ -741,6 +767,11 @@ def main() -> None:
         ("durable", "floor", " (how close to it)"),
         ("durable", "before", " (no instrumentation)"),
         ("otel", "durable", " (OTel on, against off)"),
+        ("plain_otel", "plain", " (OTel on, against off)"),
+        ("otel", "plain_otel", " (both OTel on)"),
+        ("sentry", "durable", " (Sentry on, against off)"),
+        ("plain_sentry", "plain", " (Sentry on, against off)"),
+        ("sentry", "plain_sentry", " (both Sentry on)"),
     ):
         if numerator not in measured or denominator not in measured:
             continue
@@ -757,7 +788,7 @@ def main() -> None:
         durable, plain = measured["durable"], measured["plain"]
         drains = [d.drain / p.drain for d, p in zip(durable, plain, strict=True)]
         print(f"durable/plain, drain rates after dispatching = {statistics.median(drains):.3f}")
-    for name in ("durable", "transactional", "procrastinate", "before", "otel"):
+    for name in ("durable", "transactional", "procrastinate", *INSTRUMENTED):
         if name not in measured or "plain" not in measured:
             continue
         plain = measured["plain"]

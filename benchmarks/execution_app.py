@@ -19,7 +19,8 @@ app.conf.update(
 app.autodiscover_tasks(["durable_django"])
 
 if os.environ.get("DURABLE_BENCH_OTEL") == "1":
-    # The "OTel on" variant: the SDK's provider, spans batched to an exporter that drops them.
+    # The "OTel on" variants: the SDK's provider, spans batched to an exporter that drops
+    # them, and OpenTelemetry's Celery instrumentation, as a team tracing Celery runs it.
     from collections.abc import Sequence
 
     from opentelemetry import trace
@@ -33,3 +34,25 @@ if os.environ.get("DURABLE_BENCH_OTEL") == "1":
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Dropped()))
     trace.set_tracer_provider(provider)
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    CeleryInstrumentor().instrument()
+
+if os.environ.get("DURABLE_BENCH_SENTRY") == "1":
+    # The "Sentry on" variants: sentry-sdk with its Celery integration, every transaction
+    # sampled, its envelopes dropped by the transport.
+    import sentry_sdk
+    from sentry_sdk.envelope import Envelope
+    from sentry_sdk.integrations.celery import CeleryIntegration
+    from sentry_sdk.transport import Transport
+
+    class DroppedEnvelopes(Transport):
+        def capture_envelope(self, envelope: Envelope) -> None:
+            pass
+
+    sentry_sdk.init(
+        dsn="http://public@127.0.0.1:9/1",
+        transport=DroppedEnvelopes,
+        integrations=[CeleryIntegration()],
+        traces_sample_rate=1.0,
+    )

@@ -22,6 +22,7 @@ from .estimates import Holder
 from .events import PublishResult, publish
 from .execution import execute_run
 from .limits import text_lengths
+from .records import NewRun
 from .registry import (
     Registry,
     WorkflowBody,
@@ -37,6 +38,7 @@ from .starting import BatchStart, WorkflowRef
 from .starting import RunHandle as RunHandle  # importable from here too, as before
 from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES, RunStatus
 from .stores.base import BaseStore, RunRecord
+from .task_meta import task_priority
 from .tick import TickResult as TickResult  # importable from here, as documented
 from .tick import tick
 from .usage import QuotaUsage, quota_usage
@@ -377,11 +379,27 @@ class Engine:
     ) -> None:
         """``send`` for several runs of one queue: their messages are sent together
         (:func:`send_runs`) once the current transaction commits."""
+        if priority is None:
+            priority = self.message_priority(workflow)
+        self._send_on_commit([(run_id, queue, workflow, priority, None) for run_id in run_ids])
+
+    def send_each(self, runs: Iterable[RunRecord | NewRun]) -> None:
+        """``send`` for runs as read from or written to the store: each on its queue, with
+        its workflow's priority, and a ``django.tasks`` run with its task's
+        (:func:`~durable_django.task_meta.task_priority`), on every send of the run."""
+        priorities: dict[str, int | None] = {}
+        batch: list[Message] = []
+        for run in runs:
+            workflow = run.workflow
+            if workflow not in priorities:
+                priorities[workflow] = self.message_priority(workflow)
+            task = task_priority(workflow, run.input)
+            batch.append((run.run_id, run.queue, workflow, priorities[workflow], task))
+        self._send_on_commit(batch)
+
+    def _send_on_commit(self, batch: Sequence[Message]) -> None:
         config = self.config
-        if run_ids and config.enqueue and config.store.is_shared:
-            if priority is None:
-                priority = self.message_priority(workflow)
-            batch = [(run_id, queue, workflow, priority) for run_id in run_ids]
+        if batch and config.enqueue and config.store.is_shared:
             later = config.sends_later
             config.store.on_commit(lambda: send_runs(batch, later=later))
 
@@ -407,7 +425,7 @@ class Engine:
             run_id, [RunStatus.SUSPENDED], RunStatus.PENDING, wake_at=None, wait=None
         )
         if woken:
-            self.send(run_id, run.queue, workflow=run.workflow)
+            self.send_each((run,))
         return woken
 
     def signal(self, token: str, payload: Any = None) -> None:
@@ -624,13 +642,13 @@ def send_run(run_id: str, queue: str, *, later: bool = False) -> None:
     """Send the Celery message that makes a worker execute ``run_id`` (JSON, never pickle):
     the lean publish of :mod:`durable_django.publishing`, inline, or from this process's
     sender thread when ``later`` (:mod:`durable_django.sending`)."""
-    send_runs([(run_id, queue, "", None)], later=later)
+    send_runs([(run_id, queue, "", None, None)], later=later)
 
 
 #: A run's message as the engine hands it over: :class:`~durable_django.publishing.RunMessage`'s
-#: fields ``(run_id, queue, workflow, priority)``; a tuple, so that the engine imports
-#: neither Celery nor kombu.
-Message = tuple[str, str, str, int | None]
+#: fields ``(run_id, queue, workflow, priority, task_priority)``; a tuple, so that the
+#: engine imports neither Celery nor kombu.
+Message = tuple[str, str, str, int | None, int | None]
 
 
 def send_runs(runs: Sequence[Message], *, later: bool = False) -> None:

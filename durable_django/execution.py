@@ -993,7 +993,7 @@ def _hand_back(
         "handed back, to be replayed" if handed else "another worker or the tick has it",
     )
     if handed:
-        engine.send(run.run_id, run.queue, workflow=run.workflow)
+        engine.send_each((run,))
 
 
 def _unwritten_payload(status: str, error: Exception) -> dict[str, Any]:

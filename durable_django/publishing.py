@@ -48,6 +48,8 @@ from kombu import Connection, Producer, Queue
 from kombu.common import Broadcast, maybe_declare
 from kombu.exceptions import OperationalError
 
+from .task_meta import message_priority
+
 #: The Celery task every message asks a worker to run, with the run id as its argument.
 TASK_NAME = "durable_django.execute_run"
 
@@ -59,16 +61,25 @@ _BODY_TAIL = '], {}, {"callbacks": null, "errbacks": null, "chain": null, "chord
 class RunMessage(NamedTuple):
     """One run's message: its run id, its queue ("" for the task's default routing), the
     workflow's name (shown as the task's name by Celery's tools: the ``shadow`` header),
-    and its priority (``None``: the route's, or ``task_default_priority``)."""
+    its priority (``None``: the route's, or ``task_default_priority``), and for a
+    ``django.tasks`` run its task's Django priority (-100 to 100), which, unless
+    ``priority`` is given, sets the message's for the broker in use
+    (:meth:`Publisher.priority`)."""
 
     run_id: str
     queue: str = ""
     workflow: str = ""
     priority: int | None = None
+    task_priority: int | None = None
 
 
 #: A run to send: a :class:`RunMessage`, or a tuple of its fields (at least the first two).
-Run = RunMessage | tuple[str, str] | tuple[str, str, str, int | None]
+Run = (
+    RunMessage
+    | tuple[str, str]
+    | tuple[str, str, str, int | None]
+    | tuple[str, str, str, int | None, int | None]
+)
 Runs = Sequence[Run]
 
 
@@ -257,6 +268,9 @@ class Publisher:
         self._eager = bool(conf.task_always_eager)
         self.sent_events = bool(conf.task_send_sent_event)
         self.default_priority: int | None = conf.task_default_priority
+        # kombu's Redis transport serves priority 0 first; AMQP brokers serve 9 first
+        with app.connection_for_write() as connection:
+            self.lowest_first: bool = connection.transport.driver_type == "redis"
 
     @property
     def eager(self) -> bool:
@@ -349,18 +363,27 @@ class Publisher:
             self._publish(messages(runs))
             return
         task = self.app.tasks[TASK_NAME]
-        for run_id, queue, workflow, priority in messages(runs):
-            options: dict[str, Any] = {"shadow": workflow or None}
-            if queue:  # else the task's default routing
-                options["queue"] = queue
+        for message in messages(runs):
+            options: dict[str, Any] = {"shadow": message.workflow or None}
+            if message.queue:  # else the task's default routing
+                options["queue"] = message.queue
+            priority = self.own_priority(message)
             if priority is not None:
                 options["priority"] = priority
-            task.apply_async((run_id,), **options)
+            task.apply_async((message.run_id,), **options)
+
+    def own_priority(self, message: RunMessage) -> int | None:
+        """The priority ``message`` asks for: its own, else its task's as a Celery
+        priority in the direction of this publisher's broker
+        (:func:`~durable_django.task_meta.message_priority`), else ``None``."""
+        if message.priority is not None or message.task_priority is None:
+            return message.priority
+        return message_priority(message.task_priority, lowest_first=self.lowest_first)
 
     def priority(self, message: RunMessage, route: Route) -> int:
-        """The priority ``message`` goes out with: its own, the route's, or 0, within
-        Celery's 0-9."""
-        priority = message.priority
+        """The priority ``message`` goes out with: its own (:meth:`own_priority`), the
+        route's, or 0, within Celery's 0-9."""
+        priority = self.own_priority(message)
         if priority is None:
             priority = route.priority or 0
         return priority if 0 <= priority <= 9 else min(max(priority, 0), 9)

@@ -28,7 +28,7 @@ run (one call on PostgreSQL), ``BaseStore.retry_run`` for a retry.
 A batch (``Wf.dispatch_many``, ``engine.start_many``: :func:`start_many`) takes the same
 steps for many runs at once: steps 1 and 2 for every element before anything is written,
 steps 3 to 6 in one transaction of the store (``BaseStore.start_runs``, one call on
-PostgreSQL), and step 7 once for the batch (:meth:`Engine.send_many`).
+PostgreSQL), and step 7 once for the batch (:meth:`Engine.send_each`).
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ def retry(
         if observed is not None:
             observed.run_ids.append(run_id)
             observed.created = 1
-    engine.send(run_id, run.queue, workflow=run.workflow)
+    engine.send_each((run,))
     return RunHandle(engine, run_id, run.workflow, True)
 
 
@@ -457,9 +457,7 @@ def admit_many(
             observed.created = len(created)
             observed.refused.extend(error for _, error in refused)
     if created:
-        engine.send_many(
-            [run.run_id for run in created], created[0].queue, workflow=definition.name
-        )
+        engine.send_each(created)
         _announce_started(engine, created)
     return BatchStart([h for h in handles if h is not None], refused, handles)
 
@@ -580,7 +578,7 @@ def admit(
             observed.run_ids.append(run.run_id)
             observed.created = int(outcome.created)
     if outcome.created:
-        engine.send(run.run_id, run.queue, workflow=run.workflow)
+        engine.send_each((run,))
         _announce_started(engine, (run,))
     return RunHandle(engine, run.run_id, outcome.workflow, outcome.created)
 

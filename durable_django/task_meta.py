@@ -1,7 +1,7 @@
 """What a run of Django's tasks framework carries besides its task's arguments: the
 workflow every task runs as (:data:`TASK_WORKFLOW`, whose input names the task by its
 dotted path), the name such a run is shown by (:func:`shown_name`), and the task's
-priority as a Celery message's (:func:`message_priority`)."""
+priority (:func:`task_priority`) as a Celery message's (:func:`message_priority`)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,15 @@ def shown_name(workflow: str, input: Any) -> str:
     return task_path(workflow, input) or workflow
 
 
+def task_priority(workflow: str, input: Any) -> int | None:
+    """The Django priority of the task a run executes, or ``None`` for a workflow's run
+    (or a task run whose input gives none)."""
+    if workflow != TASK_WORKFLOW or not isinstance(input, dict):
+        return None
+    priority = input.get("priority")
+    return priority if type(priority) is int else None
+
+
 def message_priority(priority: int, *, lowest_first: bool = False) -> int:
     """The Celery message priority (0 to 9) of a task of Django ``priority`` (-100 to
     100, larger sooner), in ten bands of about 20: -100 to -80 give 0, -19 to 0 give 4,
@@ -52,4 +61,5 @@ __all__ = [
     "message_priority",
     "shown_name",
     "task_path",
+    "task_priority",
 ]

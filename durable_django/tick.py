@@ -68,7 +68,7 @@ def tick(engine: Engine, now: datetime.datetime, limit: int) -> TickResult:
             )
         if moved:
             counts[kind] += 1
-            engine.send(run.run_id, run.queue, workflow=run.workflow)
+            engine.send_each((run,))
     if store.is_shared:
         from .schedules import fire_due, sync_declared
 

@@ -260,5 +260,13 @@ def _from_amqp(message: amqp.Message) -> QueuedMessage:
     )
 
 
+#: By broker: a django.tasks priority and the priority the broker keeps its run's message
+#: at: RabbitMQ's larger first; on Redis reversed, in kombu's lists 0, 3, 6 and 9 (9 -> 0,
+#: 5 -> 3, 0 -> 9).
+TASK_PRIORITIES = {
+    "rabbitmq": {-100: 0, 0: 4, 100: 9},
+    "redis": {-100: 9, 0: 3, 100: 0},
+}
+
 #: The broker classes by name.
 BY_NAME: dict[str, type[Broker]] = {cls.name: cls for cls in (RedisBroker, RabbitMQBroker)}

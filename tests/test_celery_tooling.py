@@ -1,7 +1,7 @@
 """Celery's own tooling sees runs as it sees tasks: the workflow's name (``shadow``) in
 the message and in ``inspect active``, ``task-sent`` events, and the priority of the
-route, of ``task_default_priority``, or declared by the workflow, read back from Redis
-and RabbitMQ."""
+route, of ``task_default_priority``, declared by the workflow, or a task's, read back from
+Redis and RabbitMQ."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from durable_django.engines import default_engine
 from durable_django.models import Run
 from durable_django.publishing import TASK_NAME, RunMessage, publish_runs
 
-from .brokers import Broker
+from .brokers import TASK_PRIORITIES, Broker
 from .tooling_workflows import urgent
 from .worker_workflows import total
 
@@ -73,6 +73,26 @@ def test_a_runs_priority_is_over_the_workflows(idle_queue: str, broker: Broker) 
 
     [message] = broker.all_messages(idle_queue)
     assert (message.run_ids(), message.priority) == (["given"], 6)
+
+
+@pytest.mark.parametrize("through_apply_async", [False, True])
+def test_a_task_runs_priority_is_its_tasks_in_the_brokers_direction(
+    idle_queue: str, broker: Broker, configured: Any, through_apply_async: bool
+) -> None:
+    # a task's own priority is over the default; with task-sent events, sent by apply_async
+    configured(task_default_priority=6, task_send_sent_event=through_apply_async)
+    expected = TASK_PRIORITIES[broker.name]
+    publish_runs([RunMessage(str(p), idle_queue, "django.task", task_priority=p) for p in expected])
+
+    found = {int(m.run_ids()[0]): m.priority for m in broker.all_messages(idle_queue)}
+    assert found == expected
+
+
+def test_a_runs_own_priority_is_over_its_tasks(idle_queue: str, broker: Broker) -> None:
+    publish_runs([RunMessage("given", idle_queue, "django.task", 9, task_priority=-100)])
+
+    [message] = broker.all_messages(idle_queue)
+    assert message.priority == 9
 
 
 @pytest.mark.parametrize("priority", [-1, 10, 2.5, "9", True])

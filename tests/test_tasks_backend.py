@@ -14,7 +14,7 @@ from django.test import override_settings
 
 from durable_django import tasks_backend
 from durable_django.checks import check_tasks_backend
-from durable_django.task_meta import TASK_WORKFLOW, message_priority, shown_name
+from durable_django.task_meta import TASK_WORKFLOW, message_priority, shown_name, task_priority
 from durable_django.tasks_backend import BACKEND_PATH, DurableTaskBackend
 
 HAS_TASKS = importlib.util.find_spec("django.tasks") is not None
@@ -92,6 +92,13 @@ def test_a_tasks_priority_as_a_messages(
 ) -> None:
     assert message_priority(priority) == first_largest
     assert message_priority(priority, lowest_first=True) == first_smallest
+
+
+def test_a_task_runs_priority_is_read_from_its_input() -> None:
+    assert task_priority(TASK_WORKFLOW, {"task": "app.tasks.send", "priority": -30}) == -30
+    assert task_priority("orders.ship", {"priority": 5}) is None  # a workflow's run
+    assert task_priority(TASK_WORKFLOW, {"priority": True}) is None  # not an int
+    assert task_priority(TASK_WORKFLOW, None) is None
 
 
 def test_a_task_run_is_shown_by_its_tasks_path() -> None:
