@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, connections
 
 
 def close_connections() -> None:
@@ -81,9 +81,19 @@ def connection_lost(error: BaseException, using: str) -> bool:
     transaction the error happened in."""
     if not isinstance(error, DatabaseError):
         return False
+    if isinstance(error, InterfaceError):
+        # The connection was closed under the statement (psycopg: "connection already
+        # closed"; PyMySQL closes its socket after a lost read and raises
+        # InterfaceError(0, '') at the next): never the database refusing it.
+        return True
     connection = connections[using]
     raw = connection.connection
     if raw is None:
+        return True
+    # PyMySQL says whether its socket is still open; its ping, which is_usable() sends,
+    # would open a new one and hide that the old one was gone.
+    is_open = getattr(raw, "open", None)
+    if isinstance(is_open, bool) and not is_open:
         return True
     # psycopg marks a connection whose server went away; asking it needs no query, so the
     # answer holds inside a transaction a refused statement aborted (where a probe query
