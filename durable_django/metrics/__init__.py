@@ -29,7 +29,15 @@ from ..concurrency import DEFAULT_CONCURRENCY_STATUSES
 from ..conf import durable_settings
 from ..db import closing_what_it_opens
 from ..errors import ConcurrencyLimitError
-from ..observability.events import Observer, StartEvent, StepEvent, TurnEvent, forget, observe
+from ..observability.events import (
+    AfterTurn,
+    Observer,
+    StartEvent,
+    StepEvent,
+    TurnEvent,
+    forget,
+    observe,
+)
 from ..records import RunRecord, StepRecord
 
 if TYPE_CHECKING:
@@ -312,8 +320,8 @@ class MetricsObserver(Observer):
     def start(self, start: StartEvent) -> _Decided:
         return _Decided(start)
 
-    def turn(self, turn: TurnEvent) -> _Turned:
-        return _Turned(turn)
+    def turn(self, turn: TurnEvent) -> AfterTurn:
+        return AfterTurn(turn, _count_lease_loss)
 
     def step_failed(self, step: StepEvent) -> None:
         outcome = "failed" if step.retry_in is None else "retry"
@@ -352,20 +360,10 @@ class _Decided:
             _add(STARTS, len(start.run_ids) - start.created, (start.workflow, "existing", ""))
 
 
-class _Turned:
-    """Around a turn: one that stopped because its worker lost the run."""
-
-    __slots__ = ("turn",)
-
-    def __init__(self, turn: TurnEvent) -> None:
-        self.turn = turn
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exited: object) -> None:
-        if self.turn.outcome == "lease_lost":
-            _add(LEASE_LOSSES, 1, (self.turn.run.workflow,))
+def _count_lease_loss(turn: TurnEvent) -> None:
+    """Counts a turn that stopped because its worker lost the run."""
+    if turn.outcome == "lease_lost":
+        _add(LEASE_LOSSES, 1, (turn.run.workflow,))
 
 
 def busiest_keys(engine: Engine | None = None, limit: int = QUOTA_KEYS) -> list[tuple[str, int]]:

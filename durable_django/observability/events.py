@@ -164,6 +164,23 @@ class Observer:
         """A tick ended (``result``: its ``TickResult``)."""
 
 
+class AfterTurn:
+    """What :meth:`Observer.turn` may return to act once a turn is over: calls
+    ``ended(turn)`` when the turn's block exits, its outcome (and error) set."""
+
+    __slots__ = ("ended", "turn")
+
+    def __init__(self, turn: TurnEvent, ended: Callable[[TurnEvent], None]) -> None:
+        self.turn = turn
+        self.ended = ended
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exited: object) -> None:
+        self.ended(self.turn)
+
+
 _MOMENTS = ("start", "turn", "step", "step_failed", "refused", "subscriber_skipped", "ticked")
 
 

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from ..errors import ConcurrencyLimitError
 from ..records import RunRecord
-from .events import Observer, StepEvent, TurnEvent
+from .events import AfterTurn, Observer, StepEvent, TurnEvent
 
 runs = logging.getLogger("durable_django.runs")
 starts = logging.getLogger("durable_django.starts")
@@ -67,8 +67,8 @@ class LogObserver(Observer):
             extra=run_fields(step.run, step.name, step.attempt),
         )
 
-    def turn(self, turn: TurnEvent) -> _TurnLog:
-        return _TurnLog(turn)
+    def turn(self, turn: TurnEvent) -> AfterTurn:
+        return AfterTurn(turn, _log_turn_end)
 
     def refused(self, workflow: str, error: ConcurrencyLimitError) -> None:
         starts.info(
@@ -103,41 +103,30 @@ class LogObserver(Observer):
         )
 
 
-class _TurnLog:
+def _log_turn_end(turn: TurnEvent) -> None:
     """Logs how a turn ended, when it did not end well."""
-
-    __slots__ = ("turn",)
-
-    def __init__(self, turn: TurnEvent) -> None:
-        self.turn = turn
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exited: object) -> None:
-        turn = self.turn
-        if turn.outcome not in ("failed", "lease_lost"):
-            return
-        run = turn.run
-        extra = run_fields(run, None, run.attempt)
-        if turn.outcome == "failed":
-            error = turn.error
-            runs.error(
-                "run %s (%s) failed%s",
-                run.run_id,
-                run.workflow,
-                f": {_described(error)}" if error is not None else "",
-                exc_info=error,
-                extra=extra,
-            )
-        elif turn.outcome == "lease_lost":
-            runs.info(
-                "run %s (%s): this worker no longer holds the run (cancelled, or handed on "
-                "after its lease lapsed); the turn stopped, recording nothing more",
-                run.run_id,
-                run.workflow,
-                extra=extra,
-            )
+    if turn.outcome not in ("failed", "lease_lost"):
+        return
+    run = turn.run
+    extra = run_fields(run, None, run.attempt)
+    if turn.outcome == "failed":
+        error = turn.error
+        runs.error(
+            "run %s (%s) failed%s",
+            run.run_id,
+            run.workflow,
+            f": {_described(error)}" if error is not None else "",
+            exc_info=error,
+            extra=extra,
+        )
+    elif turn.outcome == "lease_lost":
+        runs.info(
+            "run %s (%s): this worker no longer holds the run (cancelled, or handed on "
+            "after its lease lapsed); the turn stopped, recording nothing more",
+            run.run_id,
+            run.workflow,
+            extra=extra,
+        )
 
 
 def _described(error: BaseException | None) -> str:
