@@ -123,7 +123,7 @@ def celery_warnings(app: Celery) -> list[checks.CheckMessage]:
         return [
             checks.Warning(
                 f"cannot read the broker of Celery app {app.main!r}: {error}",
-                id="durable_django.W003",
+                id="durable_django.W009",
             )
         ]
     if broker and broker != CELERY_DEFAULT_BROKER:
@@ -140,7 +140,7 @@ def celery_warnings(app: Celery) -> list[checks.CheckMessage]:
                     "Configure the app from the settings: app.config_from_object("
                     '"django.conf:settings", namespace="CELERY").'
                 ),
-                id="durable_django.W003",
+                id="durable_django.W008",
             )
         ]
     return [

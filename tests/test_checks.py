@@ -172,8 +172,16 @@ def test_an_app_ignoring_the_broker_setting_is_warned(no_broker_in_the_environme
     app = Celery("project", set_as_current=False)  # not configured from the settings
     with override_settings(CELERY_BROKER_URL="redis://127.0.0.1:6379/0"):
         messages = celery_warnings(app)
-    assert ids(messages) == ["durable_django.W003"]
+    assert ids(messages) == ["durable_django.W008"]
     assert "does not use settings.CELERY_BROKER_URL" in messages[0].msg
+
+
+def test_a_celery_configuration_that_does_not_load_is_warned(no_broker_in_the_environment):
+    app = Celery("project", set_as_current=False)
+    app.config_from_object("tests.no_such_celery_settings_module")
+    messages = celery_warnings(app)
+    assert ids(messages) == ["durable_django.W009"]
+    assert "cannot read the broker of Celery app 'project'" in messages[0].msg
 
 
 def test_a_configured_broker_passes(no_broker_in_the_environment):
