@@ -124,11 +124,24 @@ from durable_django.ticker import Ticker
 from durable_django.usage import QuotaUsage, quota_usage
 
 
+def priced(amount: int, *, currency: str = "EUR") -> str:
+    return f"{amount} {currency}"
+
+
 @workflow(name="typing.total", concurrency={"key": lambda input: "k", "limit": 2})
 def total(ctx: Context, input: dict[str, int]) -> int:
     assert_type(ctx.run_id, str)
+    # ctx.step and ctx.transaction are typed from the function they call, in every form.
     counted = ctx.transaction("count", len, input, retries=1, backoff=lambda attempt: 2.0)
-    return int(ctx.step("sum", sum, input.values(), retries=2)) + int(counted)
+    assert_type(counted, int)
+    assert_type(ctx.step("sum", sum, input.values(), retries=2), int)
+    assert_type(ctx.step("price", priced, 3, currency="USD"), str)
+    assert_type(ctx.transaction("price", priced, 3), str)
+    assert_type(ctx.step("now", lambda: ctx.run_id, backoff=0), str)
+    ctx.step("price", priced, "3")  # type: ignore[arg-type]
+    ctx.step("price", priced, 3, curency="USD")  # type: ignore[call-arg]
+    ctx.transaction("price", priced, 3, retries="2")  # type: ignore[call-arg]
+    return ctx.step("sum", sum, input.values()) + counted
 
 
 @workflow(name="typing.report", concurrency=Concurrency(key=lambda input: None, limit=1))
