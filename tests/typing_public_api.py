@@ -12,6 +12,7 @@ which fails the check.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any, assert_type
 
@@ -271,3 +272,28 @@ def _metrics(engine: Engine) -> None:
     assert isinstance(MetricsObserver(), object)
     CollectorRegistry().register(QuotaCollector(engine, limit=3))
     busiest_keys(engine, "5")  # type: ignore[arg-type]
+
+
+# The 429 decorator keeps the view's type: its parameters, and its response or the 429's.
+def _http_views() -> None:
+    from django.http import HttpRequest, HttpResponse, JsonResponse
+
+    @concurrency_limit_response
+    def start_turn(request: HttpRequest, tenant: int) -> HttpResponse:
+        return HttpResponse()
+
+    @concurrency_limit_response
+    async def astart_turn(request: HttpRequest, tenant: int) -> HttpResponse:
+        return HttpResponse()
+
+    request = HttpRequest()
+    assert_type(start_turn(request, 1), HttpResponse | JsonResponse)
+    assert_type(astart_turn(request, 1), Coroutine[Any, Any, HttpResponse | JsonResponse]).close()
+    _view: Callable[[HttpRequest, int], HttpResponse] = start_turn  # still a view
+    start_turn(request, "acme")  # type: ignore[arg-type]
+    astart_turn(request).close()  # type: ignore[call-arg]
+
+    def no_request() -> HttpResponse:
+        return HttpResponse()
+
+    concurrency_limit_response(no_request)  # type: ignore[arg-type]
