@@ -215,17 +215,12 @@ def _attempt(
     if own:
         run_id = _run_id(None)
 
+    tags, namespace = options.tags, options.namespace
+
     def attempt() -> RunHandle:
         handle = presented.attempt(
             lambda held: admit(
-                engine,
-                definition,
-                input,
-                resolved,
-                run_id,
-                options.tags,
-                options.namespace,
-                ticket=held,
+                engine, definition, input, resolved, run_id, tags, namespace, ticket=held
             )
         )
         if own and not handle.created:
@@ -272,15 +267,9 @@ def start_child(
     ``concurrency`` and ``tags`` of ``options``)."""
     definition, input, option = prepare(engine, workflow, input, options.concurrency)
     resolved = quotas.resolve(option, input, definition.name)
+    tags, namespace = options.tags, parent.namespace
     return admit(
-        engine,
-        definition,
-        input,
-        resolved,
-        run_id,
-        options.tags,
-        parent.namespace,
-        parent_id=parent.run_id,
+        engine, definition, input, resolved, run_id, tags, namespace, parent_id=parent.run_id
     )
 
 
@@ -396,9 +385,10 @@ def start_many(
     """What :meth:`Engine.start_many <durable_django.Engine.start_many>` does (with the
     ``concurrency``, ``tags`` and ``namespace`` of ``options``)."""
     definition, option, batch = prepare_many(engine, workflow, inputs, run_ids, options)
-    quotas_of = [
-        _resolved_at(index, option, input, definition) for index, (input, _) in enumerate(batch)
-    ]
+    quotas_of: list[tuple[quotas.Quota, ...]] = []
+    for index, (input, _) in enumerate(batch):
+        with batch_index(index):  # an error names the element
+            quotas_of.append(quotas.resolve(option, input, definition.name))
     return admit_many(engine, definition, batch, quotas_of, options.tags, options.namespace)
 
 
@@ -411,35 +401,13 @@ async def astart_many(
 ) -> BatchStart:
     """:func:`start_many` for async code: an async limit function is awaited on the loop."""
     definition, option, batch = prepare_many(engine, workflow, inputs, run_ids, options)
-    quotas_of = [
-        await _aresolved_at(index, option, input, definition)
-        for index, (input, _) in enumerate(batch)
-    ]
+    quotas_of: list[tuple[quotas.Quota, ...]] = []
+    for index, (input, _) in enumerate(batch):
+        with batch_index(index):  # an error names the element
+            quotas_of.append(await quotas.aresolve(option, input, definition.name))
     return await sync_to_async(admit_many)(
         engine, definition, batch, quotas_of, options.tags, options.namespace
     )
-
-
-def _resolved_at(
-    index: int,
-    option: Sequence[quotas.Concurrency],
-    input: Any,
-    definition: WorkflowDefinition,
-) -> tuple[quotas.Quota, ...]:
-    """The quotas of a batch's element ``index``; an error names the index."""
-    with batch_index(index):
-        return quotas.resolve(option, input, definition.name)
-
-
-async def _aresolved_at(
-    index: int,
-    option: Sequence[quotas.Concurrency],
-    input: Any,
-    definition: WorkflowDefinition,
-) -> tuple[quotas.Quota, ...]:
-    """:func:`_resolved_at`, awaiting an async limit function."""
-    with batch_index(index):
-        return await quotas.aresolve(option, input, definition.name)
 
 
 def prepare_many(
