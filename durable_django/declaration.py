@@ -8,6 +8,7 @@ subclass types its ``run`` and its ``durable``; its class start methods take any
 
 from __future__ import annotations
 
+import abc
 import functools
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, TypeVar, overload
@@ -227,9 +228,10 @@ def _outside_body(declared: Workflow[Any, Any], method: str) -> None:
         )
 
 
-class WorkflowClass(StartMethods[Any, Any], type):
+class WorkflowClass(StartMethods[Any, Any], abc.ABCMeta):
     """The class of a ``BaseWorkflow`` subclass: what gives the class, once decorated with
-    ``@workflow``, the start methods of its :class:`Workflow` (``durable``)."""
+    ``@workflow``, the start methods of its :class:`Workflow` (``durable``). An
+    ``ABCMeta``, so that a workflow class may also be an ``abc.ABC``."""
 
     def _declared(cls) -> Workflow[Any, Any]:
         declared: Workflow[Any, Any] | None = cls.__dict__.get("durable")
