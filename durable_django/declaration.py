@@ -1,22 +1,170 @@
-"""Declaring workflows: the ``@workflow`` decorator and ``BaseWorkflow``."""
+"""Declaring workflows: the ``@workflow`` decorator and ``BaseWorkflow``.
+
+A declared workflow is typed from its body: ``@workflow`` on ``def body(ctx, input: In)
+-> Out`` gives a ``Workflow[In, Out]``, whose ``dispatch`` takes an ``In`` and returns a
+``RunHandle[Out]``, and whose ``start`` returns an ``Out``. A ``BaseWorkflow[In, Out]``
+subclass types its ``run`` and its ``durable``; its class start methods take any input.
+"""
 
 from __future__ import annotations
 
+import abc
 import functools
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, Protocol, TypeVar, overload
+from typing import Any, Generic, Protocol, TypeVar, overload
 
+from . import starting
 from .concurrency import ConcurrencyOption
 from .engines import Engine, default_engine
 from .errors import DurableError
 from .execution import Context, current_context
 from .registry import WorkflowDefinition, make_definition
-from .starting import BatchStart, RunHandle
+from .starting import BatchStart, Input, Output, RunHandle, StartOptions
 from .waiting import Wait, refuse_in_body
 
+#: The input of a start that gives none: the body receives ``None``. Typed ``Any``, so
+#: that ``Wf.dispatch()`` type-checks whatever the workflow's input type.
+NO_INPUT: Any = None
 
-class Workflow:
-    """A declared workflow. Start it with ``dispatch`` / ``start`` or their async twins."""
+
+class StartMethods(Generic[Input, Output]):
+    """The start methods of a declared workflow, written once: a :class:`Workflow` has
+    them, and so has a ``BaseWorkflow`` subclass (through its class, :class:`WorkflowClass`).
+    Their keyword arguments make the start's
+    :class:`~durable_django.starting.StartOptions`.
+    """
+
+    def _declared(self) -> Workflow[Input, Output]:
+        raise NotImplementedError
+
+    def dispatch(
+        self,
+        input: Input = NO_INPUT,
+        *,
+        run_id: str | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+        wait: Wait = None,
+        ticket: str | None = None,
+    ) -> RunHandle[Output]:
+        """Create a run and enqueue it on commit; returns its handle at once.
+
+        ``wait`` (seconds or a ``timedelta``): if a quota is full, wait up to that long for
+        a slot, woken when one frees, before raising :class:`ConcurrencyLimitError`.
+        ``ticket``: the ``error.ticket`` of an earlier refusal by a fair quota, keeping
+        its place in the key's line (:mod:`durable_django.tickets`).
+
+        Inside a running workflow body this starts a child run instead (see
+        ``ctx.start_child``): ``run_id`` is then the child id, and ``wait`` and ``ticket``
+        are refused.
+        """
+        options = StartOptions(concurrency, tags, namespace, wait, ticket)
+        return self._declared()._dispatch(input, run_id, options)
+
+    async def adispatch(
+        self,
+        input: Input = NO_INPUT,
+        *,
+        run_id: str | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+        wait: Wait = None,
+        ticket: str | None = None,
+    ) -> RunHandle[Output]:
+        """``dispatch`` for async views; ``wait`` waits without blocking the loop."""
+        declared = self._declared()
+        options = StartOptions(concurrency, tags, namespace, wait, ticket)
+        return await starting.astart(declared.engine, declared.definition, input, run_id, options)
+
+    def dispatch_many(
+        self,
+        inputs: Iterable[Input],
+        *,
+        run_ids: Iterable[str | None] | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> BatchStart[Output]:
+        """Start one run per input in one transaction, each under its own quota, in
+        order; see :meth:`Engine.start_many <durable_django.Engine.start_many>`.
+
+        Not inside a running workflow body: start children with ``ctx.start_child``.
+        """
+        declared = self._declared()
+        _outside_body(declared, "dispatch_many")
+        options = StartOptions(concurrency, tags, namespace)
+        return starting.start_many(declared.engine, declared.definition, inputs, run_ids, options)
+
+    async def adispatch_many(
+        self,
+        inputs: Iterable[Input],
+        *,
+        run_ids: Iterable[str | None] | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+    ) -> BatchStart[Output]:
+        """``dispatch_many`` for async views."""
+        declared = self._declared()
+        options = StartOptions(concurrency, tags, namespace)
+        return await starting.astart_many(
+            declared.engine, declared.definition, inputs, run_ids, options
+        )
+
+    def start(
+        self,
+        input: Input = NO_INPUT,
+        *,
+        timeout: float | None = None,
+        run_id: str | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+        wait: Wait = None,
+        ticket: str | None = None,
+    ) -> Output:
+        """Dispatch, wait for the run to settle, and return its output (or raise).
+
+        Inside a running workflow body this is ``ctx.child``: the parent is suspended
+        (no worker held) until the child settles; ``timeout`` does not apply.
+        """
+        declared = self._declared()
+        options = StartOptions(concurrency, tags, namespace, wait, ticket)
+        context = _running_body(declared, options)
+        if context is not None:
+            output: Output = context.child(
+                declared.definition, input, run_id, concurrency=concurrency, tags=tags
+            )
+            return output
+        return declared._dispatch(input, run_id, options).result(timeout=timeout)
+
+    async def astart(
+        self,
+        input: Input = NO_INPUT,
+        *,
+        timeout: float | None = None,
+        run_id: str | None = None,
+        concurrency: ConcurrencyOption = None,
+        tags: Iterable[str] = (),
+        namespace: str | None = None,
+        wait: Wait = None,
+        ticket: str | None = None,
+    ) -> Output:
+        """``start`` for async code."""
+        declared = self._declared()
+        options = StartOptions(concurrency, tags, namespace, wait, ticket)
+        handle: RunHandle[Output]
+        handle = await starting.astart(declared.engine, declared.definition, input, run_id, options)
+        return await handle.aresult(timeout=timeout)
+
+
+class Workflow(StartMethods[Input, Output]):
+    """A declared workflow. Start it with ``dispatch`` / ``start`` or their async twins.
+
+    Typed from its body: ``Workflow[In, Out]`` for ``def body(ctx, input: In) -> Out``.
+    """
 
     def __init__(self, definition: WorkflowDefinition, engine: Engine | None = None) -> None:
         self.definition = definition
@@ -40,190 +188,39 @@ class Workflow:
         """The engine this workflow starts on (the default engine unless one was given)."""
         return self._engine if self._engine is not None else default_engine
 
-    def dispatch(
-        self,
-        input: Any = None,
-        *,
-        run_id: str | None = None,
-        concurrency: ConcurrencyOption = None,
-        tags: Iterable[str] = (),
-        namespace: str | None = None,
-        wait: Wait = None,
-        ticket: str | None = None,
-    ) -> RunHandle:
-        """Create a run and enqueue it on commit; returns its handle at once.
+    def _declared(self) -> Workflow[Input, Output]:
+        return self
 
-        ``wait`` (seconds or a ``timedelta``): if a quota is full, wait up to that long for
-        a slot, woken when one frees, before raising :class:`ConcurrencyLimitError`.
-        ``ticket``: the ``error.ticket`` of an earlier refusal by a fair quota, keeping
-        its place in the key's line (:mod:`durable_django.tickets`).
-
-        Inside a running workflow body this starts a child run instead (see
-        ``ctx.start_child``): ``run_id`` is then the child id, and ``wait`` and ``ticket``
-        are refused.
-        """
-        context = _running_body(self, namespace)
+    def _dispatch(self, input: Any, run_id: str | None, options: StartOptions) -> RunHandle[Output]:
+        """``dispatch`` with its options made: a start, or a child start inside a body."""
+        context = _running_body(self, options)
         if context is not None:
-            _refuse_waiting_in_body(wait, ticket)
             return context.start_child_handle(
-                self.definition, input, run_id, concurrency=concurrency, tags=tags
+                self.definition, input, run_id, concurrency=options.concurrency, tags=options.tags
             )
-        return self.engine.start(
-            self.definition,
-            input,
-            run_id,
-            concurrency=concurrency,
-            tags=tags,
-            namespace=namespace,
-            wait=wait,
-            ticket=ticket,
-        )
-
-    async def adispatch(
-        self,
-        input: Any = None,
-        *,
-        run_id: str | None = None,
-        concurrency: ConcurrencyOption = None,
-        tags: Iterable[str] = (),
-        namespace: str | None = None,
-        wait: Wait = None,
-        ticket: str | None = None,
-    ) -> RunHandle:
-        """``dispatch`` for async views; ``wait`` waits without blocking the loop."""
-        return await self.engine.astart(
-            self.definition,
-            input,
-            run_id,
-            concurrency=concurrency,
-            tags=tags,
-            namespace=namespace,
-            wait=wait,
-            ticket=ticket,
-        )
-
-    def dispatch_many(
-        self,
-        inputs: Iterable[Any],
-        *,
-        run_ids: Iterable[str | None] | None = None,
-        concurrency: ConcurrencyOption = None,
-        tags: Iterable[str] = (),
-        namespace: str | None = None,
-    ) -> BatchStart:
-        """Start one run per input in one transaction, each under its own quota, in
-        order; see :meth:`Engine.start_many <durable_django.Engine.start_many>`.
-
-        Not inside a running workflow body: start children with ``ctx.start_child``.
-        """
-        _outside_body(self, "dispatch_many")
-        return self.engine.start_many(
-            self.definition,
-            inputs,
-            run_ids=run_ids,
-            concurrency=concurrency,
-            tags=tags,
-            namespace=namespace,
-        )
-
-    async def adispatch_many(
-        self,
-        inputs: Iterable[Any],
-        *,
-        run_ids: Iterable[str | None] | None = None,
-        concurrency: ConcurrencyOption = None,
-        tags: Iterable[str] = (),
-        namespace: str | None = None,
-    ) -> BatchStart:
-        """``dispatch_many`` for async views."""
-        return await self.engine.astart_many(
-            self.definition,
-            inputs,
-            run_ids=run_ids,
-            concurrency=concurrency,
-            tags=tags,
-            namespace=namespace,
-        )
-
-    def start(
-        self,
-        input: Any = None,
-        *,
-        timeout: float | None = None,
-        run_id: str | None = None,
-        concurrency: ConcurrencyOption = None,
-        tags: Iterable[str] = (),
-        namespace: str | None = None,
-        wait: Wait = None,
-        ticket: str | None = None,
-    ) -> Any:
-        """Dispatch, wait for the run to settle, and return its output (or raise).
-
-        Inside a running workflow body this is ``ctx.child``: the parent is suspended
-        (no worker held) until the child settles; ``timeout`` does not apply.
-        """
-        context = _running_body(self, namespace)
-        if context is not None:
-            _refuse_waiting_in_body(wait, ticket)
-            return context.child(self.definition, input, run_id, concurrency=concurrency, tags=tags)
-        handle = self.dispatch(
-            input,
-            run_id=run_id,
-            concurrency=concurrency,
-            tags=tags,
-            namespace=namespace,
-            wait=wait,
-            ticket=ticket,
-        )
-        return handle.result(timeout=timeout)
-
-    async def astart(
-        self,
-        input: Any = None,
-        *,
-        timeout: float | None = None,
-        run_id: str | None = None,
-        concurrency: ConcurrencyOption = None,
-        tags: Iterable[str] = (),
-        namespace: str | None = None,
-        wait: Wait = None,
-        ticket: str | None = None,
-    ) -> Any:
-        """``start`` for async code."""
-        handle = await self.adispatch(
-            input,
-            run_id=run_id,
-            concurrency=concurrency,
-            tags=tags,
-            namespace=namespace,
-            wait=wait,
-            ticket=ticket,
-        )
-        return await handle.aresult(timeout=timeout)
+        return starting.start(self.engine, self.definition, input, run_id, options)
 
 
-def _running_body(declared: Workflow, namespace: str | None) -> Context | None:
-    """The context of the workflow body running here, if this start happens inside one."""
+def _running_body(declared: Workflow[Any, Any], options: StartOptions) -> Context | None:
+    """The context of the workflow body running here, if this start happens inside one;
+    there a start is a child start, in its parent's namespace, which neither waits for a
+    slot nor presents a ticket."""
     context = current_context.get()
     if context is None:
         return None
-    if namespace is not None:
+    if options.namespace is not None:
         raise ValueError("a child run is started in its parent's namespace; omit namespace=")
-    return context
-
-
-def _refuse_waiting_in_body(wait: Wait, ticket: str | None) -> None:
-    """A child start neither waits for a slot nor presents a ticket."""
-    if wait:
+    if options.wait:
         refuse_in_body()
-    if ticket is not None:
+    if options.ticket is not None:
         raise DurableError(
             "ticket= is not available inside a workflow body: a child start is refused at "
             "once, and the body may retry it durably"
         )
+    return context
 
 
-def _outside_body(declared: Workflow, method: str) -> None:
+def _outside_body(declared: Workflow[Any, Any], method: str) -> None:
     if current_context.get() is not None:
         raise DurableError(
             f"{declared.name}.{method}() cannot be called inside a workflow body: "
@@ -231,150 +228,49 @@ def _outside_body(declared: Workflow, method: str) -> None:
         )
 
 
-class BaseWorkflow:
-    """Base class for class-form workflows: implement ``run(self, ctx, input)``.
+class WorkflowClass(StartMethods[Any, Any], abc.ABCMeta):
+    """The class of a ``BaseWorkflow`` subclass: what gives the class, once decorated with
+    ``@workflow``, the start methods of its :class:`Workflow` (``durable``). An
+    ``ABCMeta``, so that a workflow class may also be an ``abc.ABC``."""
 
-    Once decorated with ``@workflow``, the class has ``dispatch``, ``start``, ``adispatch``
-    and ``astart`` class methods, and ``durable`` holds its :class:`Workflow`.
-    """
-
-    durable: ClassVar[Workflow]
-
-    def run(self, ctx: Context, input: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} must implement run(self, ctx, input)")
-
-    @classmethod
-    def _declared(cls) -> Workflow:
-        declared: Workflow | None = cls.__dict__.get("durable")
+    def _declared(cls) -> Workflow[Any, Any]:
+        declared: Workflow[Any, Any] | None = cls.__dict__.get("durable")
         if declared is None:
             raise TypeError(f"{cls.__name__} is not declared; decorate it with @workflow(...)")
         return declared
 
-    @classmethod
-    def dispatch(
-        cls,
-        input: Any = None,
-        *,
-        run_id: str | None = None,
-        concurrency: ConcurrencyOption = None,
-        tags: Iterable[str] = (),
-        namespace: str | None = None,
-        wait: Wait = None,
-        ticket: str | None = None,
-    ) -> RunHandle:
-        """See :meth:`Workflow.dispatch`."""
-        return cls._declared().dispatch(
-            input,
-            run_id=run_id,
-            concurrency=concurrency,
-            tags=tags,
-            namespace=namespace,
-            wait=wait,
-            ticket=ticket,
-        )
 
-    @classmethod
-    async def adispatch(
-        cls,
-        input: Any = None,
-        *,
-        run_id: str | None = None,
-        concurrency: ConcurrencyOption = None,
-        tags: Iterable[str] = (),
-        namespace: str | None = None,
-        wait: Wait = None,
-        ticket: str | None = None,
-    ) -> RunHandle:
-        """See :meth:`Workflow.adispatch`."""
-        return await cls._declared().adispatch(
-            input,
-            run_id=run_id,
-            concurrency=concurrency,
-            tags=tags,
-            namespace=namespace,
-            wait=wait,
-            ticket=ticket,
-        )
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
 
-    @classmethod
-    def dispatch_many(
-        cls,
-        inputs: Iterable[Any],
-        *,
-        run_ids: Iterable[str | None] | None = None,
-        concurrency: ConcurrencyOption = None,
-        tags: Iterable[str] = (),
-        namespace: str | None = None,
-    ) -> BatchStart:
-        """See :meth:`Workflow.dispatch_many`."""
-        return cls._declared().dispatch_many(
-            inputs, run_ids=run_ids, concurrency=concurrency, tags=tags, namespace=namespace
-        )
 
-    @classmethod
-    async def adispatch_many(
-        cls,
-        inputs: Iterable[Any],
-        *,
-        run_ids: Iterable[str | None] | None = None,
-        concurrency: ConcurrencyOption = None,
-        tags: Iterable[str] = (),
-        namespace: str | None = None,
-    ) -> BatchStart:
-        """See :meth:`Workflow.adispatch_many`."""
-        return await cls._declared().adispatch_many(
-            inputs, run_ids=run_ids, concurrency=concurrency, tags=tags, namespace=namespace
-        )
+class _Durable:
+    """``BaseWorkflow.durable``: a declared class's :class:`Workflow`, typed from the
+    class's ``BaseWorkflow[In, Out]``."""
 
-    @classmethod
-    def start(
-        cls,
-        input: Any = None,
-        *,
-        timeout: float | None = None,
-        run_id: str | None = None,
-        concurrency: ConcurrencyOption = None,
-        tags: Iterable[str] = (),
-        namespace: str | None = None,
-        wait: Wait = None,
-        ticket: str | None = None,
-    ) -> Any:
-        """See :meth:`Workflow.start`."""
-        return cls._declared().start(
-            input,
-            timeout=timeout,
-            run_id=run_id,
-            concurrency=concurrency,
-            tags=tags,
-            namespace=namespace,
-            wait=wait,
-            ticket=ticket,
-        )
+    def __get__(
+        self, instance: object, owner: type[BaseWorkflow[_In, _Out]]
+    ) -> Workflow[_In, _Out]:
+        try:
+            declared: Workflow[_In, _Out] = owner._declared()
+        except TypeError as error:  # no attribute, as getattr(cls, "durable", ...) expects
+            raise AttributeError(str(error)) from None
+        return declared
 
-    @classmethod
-    async def astart(
-        cls,
-        input: Any = None,
-        *,
-        timeout: float | None = None,
-        run_id: str | None = None,
-        concurrency: ConcurrencyOption = None,
-        tags: Iterable[str] = (),
-        namespace: str | None = None,
-        wait: Wait = None,
-        ticket: str | None = None,
-    ) -> Any:
-        """See :meth:`Workflow.astart`."""
-        return await cls._declared().astart(
-            input,
-            timeout=timeout,
-            run_id=run_id,
-            concurrency=concurrency,
-            tags=tags,
-            namespace=namespace,
-            wait=wait,
-            ticket=ticket,
-        )
+
+class BaseWorkflow(Generic[Input, Output], metaclass=WorkflowClass):
+    """Base class for class-form workflows: implement ``run(self, ctx, input)``.
+
+    Once decorated with ``@workflow``, the class has ``dispatch``, ``start``, ``adispatch``
+    and ``astart`` (and the ``_many`` twins) as :class:`Workflow` has them, and
+    ``durable`` holds its :class:`Workflow`. ``BaseWorkflow[In, Out]`` types ``run`` and
+    ``durable``.
+    """
+
+    durable = _Durable()
+
+    def run(self, ctx: Context, input: Input) -> Output:
+        raise NotImplementedError(f"{type(self).__name__} must implement run(self, ctx, input)")
 
 
 def _class_body(cls: type[BaseWorkflow]) -> Callable[[Context, Any], Any]:
@@ -386,18 +282,19 @@ def _class_body(cls: type[BaseWorkflow]) -> Callable[[Context, Any], Any]:
     return body
 
 
-_WorkflowClass = TypeVar("_WorkflowClass", bound=type[BaseWorkflow])
+_Class = TypeVar("_Class", bound=type[BaseWorkflow])
 
 
 class WorkflowDecorator(Protocol):
     """What :func:`workflow` returns: it returns a ``BaseWorkflow`` subclass as it is (with
     its start methods) and a body function ``fn(ctx, input)`` as a :class:`Workflow`."""
 
+    # A class is callable too, but a BaseWorkflow's constructor takes no (ctx, input).
     @overload
-    def __call__(self, target: _WorkflowClass, /) -> _WorkflowClass: ...
+    def __call__(self, target: Callable[[Context, _In], _Out], /) -> Workflow[_In, _Out]: ...
 
     @overload
-    def __call__(self, target: Callable[[Context, Any], Any], /) -> Workflow: ...
+    def __call__(self, target: _Class, /) -> _Class: ...
 
 
 def workflow(

@@ -34,7 +34,7 @@ from .retention import PurgeResult, purge
 from .serialization import check_text, json_copy, validate_text
 from .signals import listened, run_finished
 from .signals import send as send_signal
-from .starting import BatchStart, WorkflowRef
+from .starting import BatchStart, StartOptions, WorkflowRef
 from .starting import RunHandle as RunHandle  # importable from here too, as before
 from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES, RunStatus
 from .stores.base import BaseStore, RunRecord
@@ -252,17 +252,8 @@ class Engine:
         (:mod:`durable_django.tickets`); without it, the ticket presented by the request
         being served, if any. The steps are :mod:`durable_django.starting`'s.
         """
-        return starting.start(
-            self,
-            workflow,
-            input,
-            run_id,
-            concurrency=concurrency,
-            tags=tags,
-            namespace=namespace,
-            wait=wait,
-            ticket=ticket,
-        )
+        options = StartOptions(concurrency, tags, namespace, wait, ticket)
+        return starting.start(self, workflow, input, run_id, options)
 
     async def astart(
         self,
@@ -278,17 +269,8 @@ class Engine:
     ) -> RunHandle:
         """``start`` for async code; an async limit function is awaited on the loop, and
         ``wait`` waits without blocking it."""
-        return await starting.astart(
-            self,
-            workflow,
-            input,
-            run_id,
-            concurrency=concurrency,
-            tags=tags,
-            namespace=namespace,
-            wait=wait,
-            ticket=ticket,
-        )
+        options = StartOptions(concurrency, tags, namespace, wait, ticket)
+        return await starting.astart(self, workflow, input, run_id, options)
 
     def start_many(
         self,
@@ -311,15 +293,8 @@ class Engine:
         and the batch creates nothing. The messages are sent together once the
         transaction commits.
         """
-        return starting.start_many(
-            self,
-            workflow,
-            inputs,
-            run_ids=run_ids,
-            concurrency=concurrency,
-            tags=tags,
-            namespace=namespace,
-        )
+        options = StartOptions(concurrency, tags, namespace)
+        return starting.start_many(self, workflow, inputs, run_ids, options)
 
     async def astart_many(
         self,
@@ -332,15 +307,8 @@ class Engine:
         namespace: str | None = None,
     ) -> BatchStart:
         """``start_many`` for async code; an async limit function is awaited on the loop."""
-        return await starting.astart_many(
-            self,
-            workflow,
-            inputs,
-            run_ids=run_ids,
-            concurrency=concurrency,
-            tags=tags,
-            namespace=namespace,
-        )
+        options = StartOptions(concurrency, tags, namespace)
+        return await starting.astart_many(self, workflow, inputs, run_ids, options)
 
     def start_child(
         self,
@@ -353,9 +321,8 @@ class Engine:
         tags: Iterable[str] = (),
     ) -> RunHandle:
         """Start a child of ``parent``, in its namespace, under the child's quota."""
-        return starting.start_child(
-            self, parent, workflow, input, run_id, concurrency=concurrency, tags=tags
-        )
+        options = StartOptions(concurrency, tags)
+        return starting.start_child(self, parent, workflow, input, run_id, options)
 
     def send(
         self, run_id: str, queue: str, *, workflow: str = "", priority: int | None = None

@@ -22,7 +22,18 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Literal,
+    NoReturn,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    TypeVarTuple,
+    cast,
+    overload,
+)
 
 from django.db import DatabaseError, connections
 from django.db import transaction as db_transaction
@@ -63,6 +74,43 @@ if TYPE_CHECKING:
     from .stores.base import BaseStore
 
 logger = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_Args = TypeVarTuple("_Args")
+
+#: A step's ``backoff``: seconds (doubled at each attempt), or ``backoff(attempt)``.
+Backoff = float | Callable[[int], float]
+
+
+class DurableCall(Protocol):
+    """The type of ``ctx.step`` and ``ctx.transaction``, taken from the ``fn`` they call:
+    ``fn``'s arguments are checked, and its return type is the call's. With ``retries``
+    or ``backoff`` (options a ``ParamSpec`` cannot sit beside), ``fn``'s arguments are
+    checked when given by position."""
+
+    @overload
+    def __call__(
+        self, name: str, fn: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> _R: ...
+
+    @overload
+    def __call__(
+        self,
+        name: str,
+        fn: Callable[[*_Args], _R],
+        /,
+        *args: *_Args,
+        retries: int = 0,
+        backoff: Backoff = 1.0,
+    ) -> _R: ...
+
+
+def _typed_from_fn(method: Callable[..., Any]) -> DurableCall:
+    """The method as it is, typed as a :class:`DurableCall` (a protocol needs no
+    implementation of its overloads: mypy cannot check one taking ``*args: *_Args``)."""
+    return cast(DurableCall, method)
+
 
 #: A durable call this long after the previous one first checks the connections.
 IDLE_CHECK_SECONDS = 1.0
@@ -277,6 +325,7 @@ class Context:
 
     # durable calls ------------------------------------------------------------------
 
+    @_typed_from_fn
     def step(
         self,
         name: str,
@@ -284,7 +333,7 @@ class Context:
         /,
         *args: Any,
         retries: int = 0,
-        backoff: float | Callable[[int], float] = 1.0,
+        backoff: Backoff = 1.0,
         **kwargs: Any,
     ) -> Any:
         """Run ``fn(*args, **kwargs)`` once and record its JSON result; replay the record.
@@ -320,6 +369,7 @@ class Context:
             self._record_later(StepRecord(position, name, result=result))
         return result
 
+    @_typed_from_fn
     def transaction(
         self,
         name: str,
@@ -327,7 +377,7 @@ class Context:
         /,
         *args: Any,
         retries: int = 0,
-        backoff: float | Callable[[int], float] = 1.0,
+        backoff: Backoff = 1.0,
         **kwargs: Any,
     ) -> Any:
         """Run ``fn(*args, **kwargs)`` in a transaction on the store's database, and record

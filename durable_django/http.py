@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
@@ -75,13 +75,35 @@ def request_ticket(request: HttpRequest) -> str | None:
     return request.headers.get(TICKET_HEADER) or None
 
 
-def concurrency_limit_response(view: Callable[..., Any]) -> Callable[..., Any]:
+_Request = TypeVar("_Request", bound=HttpRequest)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+@overload
+def concurrency_limit_response(
+    view: Callable[Concatenate[_Request, _P], Awaitable[_R]],
+) -> Callable[Concatenate[_Request, _P], Coroutine[Any, Any, _R | JsonResponse]]: ...
+
+
+@overload
+def concurrency_limit_response(
+    view: Callable[Concatenate[_Request, _P], _R],
+) -> Callable[Concatenate[_Request, _P], _R | JsonResponse]: ...
+
+
+def concurrency_limit_response(
+    view: Callable[Concatenate[_Request, _P], Any],
+) -> Callable[Concatenate[_Request, _P], Any]:
     """View decorator: a ``ConcurrencyLimitError`` raised by the view becomes a 429, and
-    the starts the view makes present the request's ticket (:func:`request_ticket`)."""
+    the starts the view makes present the request's ticket (:func:`request_ticket`).
+
+    The view keeps its type: its parameters, and its response (or, for an ``async def``
+    view, what it awaits to), or the 429's :class:`~django.http.JsonResponse`."""
     if iscoroutinefunction(view):
 
         @functools.wraps(view)
-        async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        async def async_wrapper(request: _Request, /, *args: _P.args, **kwargs: _P.kwargs) -> Any:
             try:
                 with presenting(request_ticket(request)):
                     return await view(request, *args, **kwargs)
@@ -91,7 +113,7 @@ def concurrency_limit_response(view: Callable[..., Any]) -> Callable[..., Any]:
         return async_wrapper
 
     @functools.wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(request: _Request, /, *args: _P.args, **kwargs: _P.kwargs) -> Any:
         try:
             with presenting(request_ticket(request)):
                 return view(request, *args, **kwargs)

@@ -216,9 +216,8 @@ def _start_window(
         )
         # A savepoint: a start the database refuses undoes this start only.
         with engine.store.atomic():
-            handle = starting.start(
-                engine, schedule.workflow, schedule.input, run_id, concurrency=concurrency
-            )
+            options = starting.StartOptions(concurrency=concurrency)
+            handle = starting.start(engine, schedule.workflow, schedule.input, run_id, options)
     except ConcurrencyLimitError as error:
         message = (
             f"window {window.isoformat()} skipped: concurrency key {error.key!r} has "

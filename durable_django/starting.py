@@ -37,10 +37,11 @@ import contextlib
 import datetime
 import functools
 import logging
+import typing
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias
 
 from asgiref.sync import sync_to_async
 from django.utils import timezone
@@ -59,8 +60,17 @@ from .status import RunStatus
 from .stores.base import StartRequest, batch_index
 
 if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
     from .declaration import BaseWorkflow, Workflow
     from .engines import Engine, EngineConfig
+
+    #: A workflow's input and output, as its body declares them; ``Any`` where unsaid.
+    Input = TypeVar("Input", default=Any)
+    Output = TypeVar("Output", default=Any)
+else:  # a TypeVar's default is the type checker's (PEP 696); Python 3.11 has none
+    Input = typing.TypeVar("Input")
+    Output = typing.TypeVar("Output")
 
 logger = logging.getLogger("durable_django.starting")
 
@@ -69,11 +79,32 @@ logger = logging.getLogger("durable_django.starting")
 WorkflowRef: TypeAlias = "str | WorkflowDefinition | Workflow | type[BaseWorkflow]"
 
 
-class RunHandle:
+@dataclass(frozen=True, slots=True)
+class StartOptions:
+    """How a start is made, besides its workflow, input and run id: the keyword options of
+    ``Wf.dispatch``, ``engine.start`` and their twins, built once where the call comes in
+    and passed down the start path as one value (change one with
+    ``dataclasses.replace``). Each means what it means on :meth:`Engine.start
+    <durable_django.Engine.start>`; a batch and a child start use the first ones."""
+
+    concurrency: quotas.ConcurrencyOption = None
+    tags: Iterable[str] = ()
+    namespace: str | None = None
+    wait: waiting.Wait = None
+    ticket: str | None = None
+
+
+#: A start with every option left as it is.
+DEFAULT_OPTIONS = StartOptions()
+
+
+class RunHandle(Generic[Output]):
     """A started run: its id, its workflow, whether this start created it, and its fate.
 
     ``run_id`` (str), ``workflow`` (its name) and ``created`` (False when an idempotent
     re-start found the run already there) are plain attributes; ``status`` is read afresh.
+    A handle from ``Wf.dispatch`` is typed with the workflow's output (``RunHandle[int]``
+    for a body returning an ``int``), which ``result`` returns.
     """
 
     __slots__ = ("created", "engine", "run_id", "workflow")
@@ -92,11 +123,12 @@ class RunHandle:
         """The run's status, read afresh."""
         return self.engine.get_run(self.run_id).status
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> Output:
         """Wait for the run to settle; return its output, or raise :class:`RunFailed`."""
-        return _outcome(self.engine.wait_for_run(self.run_id, timeout=timeout))
+        output: Output = _outcome(self.engine.wait_for_run(self.run_id, timeout=timeout))
+        return output
 
-    async def aresult(self, timeout: float | None = None) -> Any:
+    async def aresult(self, timeout: float | None = None) -> Output:
         """``result`` for async code."""
         return await sync_to_async(self.result)(timeout)
 
@@ -115,24 +147,19 @@ def start(
     workflow: WorkflowRef,
     input: Any = None,
     run_id: str | None = None,
-    *,
-    concurrency: quotas.ConcurrencyOption = None,
-    tags: Iterable[str] = (),
-    namespace: str | None = None,
-    wait: waiting.Wait = None,
-    ticket: str | None = None,
+    options: StartOptions = DEFAULT_OPTIONS,
 ) -> RunHandle:
     """What :meth:`Engine.start <durable_django.Engine.start>` does; with ``wait``, a
     refused start is tried again for up to that long (:mod:`durable_django.waiting`),
     presenting the ticket a fair quota gave its previous attempt."""
-    seconds = waiting.seconds(wait)
+    seconds = waiting.seconds(options.wait)
     if seconds:
         waiting.refuse_in_body()
-    presented = Presented(ticket)
-    definition, input, option = prepare(engine, workflow, input, concurrency)
+    presented = Presented(options.ticket)
+    definition, input, option = prepare(engine, workflow, input, options.concurrency)
     resolved = quotas.resolve(option, input, definition.name)
     attempt = _attempt(
-        engine, definition, input, resolved, run_id, tags, namespace, presented, bool(seconds)
+        engine, definition, input, resolved, run_id, options, presented, bool(seconds)
     )
 
     if not seconds:
@@ -148,23 +175,18 @@ async def astart(
     workflow: WorkflowRef,
     input: Any = None,
     run_id: str | None = None,
-    *,
-    concurrency: quotas.ConcurrencyOption = None,
-    tags: Iterable[str] = (),
-    namespace: str | None = None,
-    wait: waiting.Wait = None,
-    ticket: str | None = None,
+    options: StartOptions = DEFAULT_OPTIONS,
 ) -> RunHandle:
     """:func:`start` for async code: an async limit function is awaited on the loop, and
     a start with ``wait`` waits without blocking it."""
-    seconds = waiting.seconds(wait)
+    seconds = waiting.seconds(options.wait)
     if seconds:
         waiting.refuse_in_body()
-    presented = Presented(ticket)
-    definition, input, option = prepare(engine, workflow, input, concurrency)
+    presented = Presented(options.ticket)
+    definition, input, option = prepare(engine, workflow, input, options.concurrency)
     resolved = await quotas.aresolve(option, input, definition.name)
     attempt = _attempt(
-        engine, definition, input, resolved, run_id, tags, namespace, presented, bool(seconds)
+        engine, definition, input, resolved, run_id, options, presented, bool(seconds)
     )
 
     if not seconds:
@@ -181,8 +203,7 @@ def _attempt(
     input: Any,
     resolved: Sequence[quotas.Quota],
     run_id: str | None,
-    tags: Iterable[str],
-    namespace: str | None,
+    options: StartOptions,
     presented: Presented,
     waits: bool,
 ) -> Callable[[], RunHandle]:
@@ -193,6 +214,8 @@ def _attempt(
     own = waits and run_id is None
     if own:
         run_id = _run_id(None)
+
+    tags, namespace = options.tags, options.namespace
 
     def attempt() -> RunHandle:
         handle = presented.attempt(
@@ -238,15 +261,15 @@ def start_child(
     workflow: WorkflowRef,
     input: Any,
     run_id: str,
-    *,
-    concurrency: quotas.ConcurrencyOption = None,
-    tags: Iterable[str] = (),
+    options: StartOptions = DEFAULT_OPTIONS,
 ) -> RunHandle:
-    """Start a child of ``parent``, in its namespace, under the child's quota."""
-    definition, input, option = prepare(engine, workflow, input, concurrency)
+    """Start a child of ``parent``, in its namespace, under the child's quota (the
+    ``concurrency`` and ``tags`` of ``options``)."""
+    definition, input, option = prepare(engine, workflow, input, options.concurrency)
     resolved = quotas.resolve(option, input, definition.name)
+    tags, namespace = options.tags, parent.namespace
     return admit(
-        engine, definition, input, resolved, run_id, tags, parent.namespace, parent_id=parent.run_id
+        engine, definition, input, resolved, run_id, tags, namespace, parent_id=parent.run_id
     )
 
 
@@ -337,7 +360,7 @@ def retry(
 
 
 @dataclass(frozen=True, slots=True)
-class BatchStart:
+class BatchStart(Generic[Output]):
     """What a batch of starts did (``Wf.dispatch_many``, ``engine.start_many``).
 
     ``started``: the handles of the runs started, in the order of the inputs (an
@@ -347,47 +370,44 @@ class BatchStart:
     entry per input, its handle or ``None`` where it was refused.
     """
 
-    started: list[RunHandle]
+    started: list[RunHandle[Output]]
     refused: list[tuple[int, ConcurrencyLimitError]]
-    handles: list[RunHandle | None]
+    handles: list[RunHandle[Output] | None]
 
 
 def start_many(
     engine: Engine,
     workflow: WorkflowRef,
     inputs: Iterable[Any],
-    *,
     run_ids: Iterable[str | None] | None = None,
-    concurrency: quotas.ConcurrencyOption = None,
-    tags: Iterable[str] = (),
-    namespace: str | None = None,
+    options: StartOptions = DEFAULT_OPTIONS,
 ) -> BatchStart:
-    """What :meth:`Engine.start_many <durable_django.Engine.start_many>` does."""
-    definition, option, batch = prepare_many(engine, workflow, inputs, run_ids, concurrency)
+    """What :meth:`Engine.start_many <durable_django.Engine.start_many>` does (with the
+    ``concurrency``, ``tags`` and ``namespace`` of ``options``)."""
+    definition, option, batch = prepare_many(engine, workflow, inputs, run_ids, options)
     quotas_of: list[tuple[quotas.Quota, ...]] = []
     for index, (input, _) in enumerate(batch):
-        with batch_index(index):
+        with batch_index(index):  # an error names the element
             quotas_of.append(quotas.resolve(option, input, definition.name))
-    return admit_many(engine, definition, batch, quotas_of, tags, namespace)
+    return admit_many(engine, definition, batch, quotas_of, options.tags, options.namespace)
 
 
 async def astart_many(
     engine: Engine,
     workflow: WorkflowRef,
     inputs: Iterable[Any],
-    *,
     run_ids: Iterable[str | None] | None = None,
-    concurrency: quotas.ConcurrencyOption = None,
-    tags: Iterable[str] = (),
-    namespace: str | None = None,
+    options: StartOptions = DEFAULT_OPTIONS,
 ) -> BatchStart:
     """:func:`start_many` for async code: an async limit function is awaited on the loop."""
-    definition, option, batch = prepare_many(engine, workflow, inputs, run_ids, concurrency)
+    definition, option, batch = prepare_many(engine, workflow, inputs, run_ids, options)
     quotas_of: list[tuple[quotas.Quota, ...]] = []
     for index, (input, _) in enumerate(batch):
-        with batch_index(index):
+        with batch_index(index):  # an error names the element
             quotas_of.append(await quotas.aresolve(option, input, definition.name))
-    return await sync_to_async(admit_many)(engine, definition, batch, quotas_of, tags, namespace)
+    return await sync_to_async(admit_many)(
+        engine, definition, batch, quotas_of, options.tags, options.namespace
+    )
 
 
 def prepare_many(
@@ -395,12 +415,12 @@ def prepare_many(
     workflow: WorkflowRef,
     inputs: Iterable[Any],
     run_ids: Iterable[str | None] | None,
-    concurrency: quotas.ConcurrencyOption,
+    options: StartOptions = DEFAULT_OPTIONS,
 ) -> tuple[WorkflowDefinition, tuple[quotas.Concurrency, ...], list[tuple[Any, str | None]]]:
     """Validate a batch: the definition, the quotas that apply, and each input as JSON
     with its run id; an error names the index of the element at fault."""
     definition = engine.definition(workflow)
-    option = _quota_option(definition, concurrency)
+    option = _quota_option(definition, options.concurrency)
     if isinstance(inputs, str | bytes | dict) or not isinstance(inputs, Iterable):
         raise TypeError(f"inputs must be a list of inputs, not {type(inputs).__name__}")
     inputs = list(inputs)
@@ -735,6 +755,7 @@ __all__ = [
     "Planned",
     "Presented",
     "RunHandle",
+    "StartOptions",
     "WorkflowRef",
     "admit",
     "admit_many",

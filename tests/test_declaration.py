@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import abc
+
 import pytest
 
 from durable_django import BaseWorkflow, Concurrency, Engine, Workflow, workflow
@@ -68,6 +70,29 @@ def test_only_base_workflow_subclasses_or_functions():
 
     with pytest.raises(TypeError, match="decorates a class or a function"):
         workflow(name="x")(42)
+
+
+def test_a_class_typed_by_input_and_output_may_be_abstract(memory_engine: Engine):
+    # BaseWorkflow[In, Out] is subscripted at runtime, and mixes with abc.ABC.
+    class Counting(BaseWorkflow[str, int], abc.ABC):
+        @abc.abstractmethod
+        def unit(self) -> int: ...
+
+    @workflow(name="count", engine=memory_engine)
+    class Count(Counting):
+        def unit(self) -> int:
+            return 2
+
+        def run(self, ctx, input: str) -> int:
+            return ctx.step("count", len, input) * self.unit()
+
+    handle = Count.dispatch("abc")
+    assert handle.workflow == "count"
+    run_until_idle(memory_engine)
+    assert handle.result(timeout=1) == 6
+    with pytest.raises(TypeError, match="Counting is not declared"):
+        Counting.dispatch("abc")
+    assert not hasattr(Counting, "durable")
 
 
 def test_an_undeclared_subclass_cannot_start():

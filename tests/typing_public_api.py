@@ -12,6 +12,7 @@ which fails the check.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any, assert_type
 
@@ -124,11 +125,24 @@ from durable_django.ticker import Ticker
 from durable_django.usage import QuotaUsage, quota_usage
 
 
+def priced(amount: int, *, currency: str = "EUR") -> str:
+    return f"{amount} {currency}"
+
+
 @workflow(name="typing.total", concurrency={"key": lambda input: "k", "limit": 2})
 def total(ctx: Context, input: dict[str, int]) -> int:
     assert_type(ctx.run_id, str)
+    # ctx.step and ctx.transaction are typed from the function they call, in every form.
     counted = ctx.transaction("count", len, input, retries=1, backoff=lambda attempt: 2.0)
-    return int(ctx.step("sum", sum, input.values(), retries=2)) + int(counted)
+    assert_type(counted, int)
+    assert_type(ctx.step("sum", sum, input.values(), retries=2), int)
+    assert_type(ctx.step("price", priced, 3, currency="USD"), str)
+    assert_type(ctx.transaction("price", priced, 3), str)
+    assert_type(ctx.step("now", lambda: ctx.run_id, backoff=0), str)
+    ctx.step("price", priced, "3")  # type: ignore[arg-type]
+    ctx.step("price", priced, 3, curency="USD")  # type: ignore[call-arg]
+    ctx.transaction("price", priced, 3, retries="2")  # type: ignore[call-arg]
+    return ctx.step("sum", sum, input.values()) + counted
 
 
 @workflow(name="typing.report", concurrency=Concurrency(key=lambda input: None, limit=1))
@@ -155,22 +169,57 @@ def in_a_step() -> str | None:
     return None if run is None else run.step
 
 
+@workflow(name="typing.greet")
+class Greet(BaseWorkflow[str, dict[str, str]]):
+    def run(self, ctx: Context, input: str) -> dict[str, str]:
+        return {"greeting": ctx.step("greet", str.upper, input)}
+
+
+class Misdeclared(BaseWorkflow[str, int]):
+    def run(self, ctx: Context, input: str) -> str:  # type: ignore[override]
+        return input
+
+
 def declared() -> None:
-    # A function becomes a Workflow; a class stays itself, with its start methods.
-    assert_type(total, Workflow)
+    # A function becomes a Workflow typed from its body; a class stays itself, with its
+    # start methods, and its durable Workflow typed from BaseWorkflow[In, Out].
+    assert_type(total, Workflow[dict[str, int], int])
     assert_type(Report, type[Report])
     assert_type(Report.durable, Workflow)
+    assert_type(Report.durable, Workflow[Any, Any])
+    assert_type(Greet.durable, Workflow[str, dict[str, str]])
+    assert_type(Greet.durable.dispatch("ada").result(), dict[str, str])
+    assert_type(Greet.dispatch("ada"), RunHandle)
+    Greet.durable.dispatch(3)  # type: ignore[arg-type]
+
+
+def typed_starts() -> None:
+    # A start takes the workflow's input type; its handle and start return its output.
+    assert_type(total.dispatch({"a": 1}), RunHandle[int])
+    assert_type(total.dispatch({"a": 1}).result(timeout=1), int)
+    assert_type(total.start({"a": 1}), int)
+    assert_type(total.dispatch_many([{"a": 1}]).started, list[RunHandle[int]])
+    total.dispatch({"a": "1"})  # type: ignore[dict-item]
+    total.dispatch_many([1])  # type: ignore[list-item]
+    total.start(["a"])  # type: ignore[arg-type]
+    _wrong: str = total.start({"a": 1})  # type: ignore[assignment]
+
+
+async def async_typed_starts() -> None:
+    assert_type(await total.astart({"a": 1}), int)
+    assert_type(await (await total.adispatch({"a": 1})).aresult(), int)
+    assert_type((await total.adispatch_many([{"a": 1}])).handles, list[RunHandle[int] | None])
 
 
 def starts(engine: Engine) -> None:
-    assert_type(total.dispatch({"a": 1}, run_id="r1", tags=["t"]), RunHandle)
+    assert_type(total.dispatch({"a": 1}, run_id="r1", tags=["t"]), RunHandle[int])
     assert_type(Report.dispatch(None, concurrency=Concurrency("k", 3)), RunHandle)
     assert_type(
         turn.dispatch(None, concurrency=[Concurrency("k", 3, weight=2), {"key": "u", "limit": 1}]),
         RunHandle,
     )
     assert_type(engine.start("typing.total", {"a": 1}, namespace="n"), RunHandle)
-    assert_type(total.dispatch({"a": 1}, wait=5), RunHandle)
+    assert_type(total.dispatch({"a": 1}, wait=5), RunHandle[int])
     assert_type(engine.start("typing.total", {"a": 1}, wait=timedelta(seconds=2)), RunHandle)
     assert_type(durable_django.engine, Engine)
     assert_type(engine.retry("r1"), RunHandle)
@@ -179,10 +228,10 @@ def starts(engine: Engine) -> None:
     assert_type(handle.created, bool)
     assert_type(RunStatus.PENDING in ACTIVE_STATUSES, bool)
     batch = total.dispatch_many([{"a": 1}, {"a": 2}], run_ids=["r1", None], tags=["t"])
-    assert_type(batch, BatchStart)
-    assert_type(batch.started, list[RunHandle])
+    assert_type(batch, BatchStart[int])
+    assert_type(batch.started, list[RunHandle[int]])
     assert_type(batch.refused, list[tuple[int, ConcurrencyLimitError]])
-    assert_type(batch.handles, list[RunHandle | None])
+    assert_type(batch.handles, list[RunHandle[int] | None])
     assert_type(Report.dispatch_many([None], concurrency={"key": "k", "limit": 2}), BatchStart)
     assert_type(engine.start_many("typing.total", [{"a": 1}], namespace="n"), BatchStart)
     several = [{"key": "k", "limit": 4, "weight": 2}, {"key": "j", "limit": 3}]
@@ -200,9 +249,9 @@ def starts(engine: Engine) -> None:
 
 
 async def async_starts() -> None:
-    assert_type(await total.adispatch({"a": 1}, tags=["t"]), RunHandle)
+    assert_type(await total.adispatch({"a": 1}, tags=["t"]), RunHandle[int])
     assert_type(await Report.adispatch(None), RunHandle)
-    assert_type(await total.adispatch_many([{"a": 1}]), BatchStart)
+    assert_type(await total.adispatch_many([{"a": 1}]), BatchStart[int])
     assert_type(await Report.adispatch_many([None], tags=["t"]), BatchStart)
     assert_type(await Report.adispatch(None, wait=0.5), RunHandle)
 
@@ -258,3 +307,28 @@ def _metrics(engine: Engine) -> None:
     assert isinstance(MetricsObserver(), object)
     CollectorRegistry().register(QuotaCollector(engine, limit=3))
     busiest_keys(engine, "5")  # type: ignore[arg-type]
+
+
+# The 429 decorator keeps the view's type: its parameters, and its response or the 429's.
+def _http_views() -> None:
+    from django.http import HttpRequest, HttpResponse, JsonResponse
+
+    @concurrency_limit_response
+    def start_turn(request: HttpRequest, tenant: int) -> HttpResponse:
+        return HttpResponse()
+
+    @concurrency_limit_response
+    async def astart_turn(request: HttpRequest, tenant: int) -> HttpResponse:
+        return HttpResponse()
+
+    request = HttpRequest()
+    assert_type(start_turn(request, 1), HttpResponse | JsonResponse)
+    assert_type(astart_turn(request, 1), Coroutine[Any, Any, HttpResponse | JsonResponse]).close()
+    _view: Callable[[HttpRequest, int], HttpResponse] = start_turn  # still a view
+    start_turn(request, "acme")  # type: ignore[arg-type]
+    astart_turn(request).close()  # type: ignore[call-arg]
+
+    def no_request() -> HttpResponse:
+        return HttpResponse()
+
+    concurrency_limit_response(no_request)  # type: ignore[arg-type]
