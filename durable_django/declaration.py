@@ -7,9 +7,10 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Protocol, TypeVar, overload
 
 from .concurrency import ConcurrencyOption
+from .context import current_context
 from .engines import Engine, default_engine
 from .errors import DurableError
-from .execution import Context, current_context
+from .execution import Context
 from .registry import WorkflowDefinition, make_definition
 from .starting import BatchStart, RunHandle
 from .waiting import Wait, refuse_in_body

@@ -10,7 +10,6 @@ it again. A call that must wait raises :class:`Suspend`, which ends the turn wit
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import datetime
 import logging
@@ -30,6 +29,7 @@ from django.utils import timezone
 
 from . import metrics
 from .concurrency import ConcurrencyOption
+from .context import current_context
 from .db import (
     close_connections,
     close_dropped_connections,
@@ -66,11 +66,6 @@ logger = logging.getLogger(__name__)
 
 #: A durable call this long after the previous one first checks the connections.
 IDLE_CHECK_SECONDS = 1.0
-
-#: The context of the body running in this thread (or task), if any.
-current_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
-    "durable_django_context", default=None
-)
 
 
 class Suspend(ControlFlow):
