@@ -593,6 +593,7 @@ class Context:
             self._record(recorded)
         if recorded.error is not None:
             refusal = _refusal_from(recorded.error)
+            refusal.engine = self.engine  # for its holders()
             raise ChildWorkflowError(
                 f"child workflow {definition.name!r} was refused: {refusal}",
                 cause=refusal,
