@@ -650,3 +650,4 @@ def send_runs(runs: Sequence[Message], *, later: bool = False) -> None:
 
 #: The default engine, configured from ``settings.DURABLE`` on first use.
 default_engine = Engine()
+metrics.read_by_default(default_engine)  # the gauge of quota usage reads it
