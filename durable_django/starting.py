@@ -60,7 +60,7 @@ from .stores.base import StartRequest, batch_index
 
 if TYPE_CHECKING:
     from .declaration import BaseWorkflow, Workflow
-    from .engines import Engine, EngineConfig
+    from .runtime import EngineConfig, Runtime
 
 logger = logging.getLogger("durable_django.starting")
 
@@ -78,7 +78,7 @@ class RunHandle:
 
     __slots__ = ("created", "engine", "run_id", "workflow")
 
-    def __init__(self, engine: Engine, run_id: str, workflow: str, created: bool) -> None:
+    def __init__(self, engine: Runtime, run_id: str, workflow: str, created: bool) -> None:
         self.engine = engine
         self.run_id = run_id
         self.workflow = workflow
@@ -111,7 +111,7 @@ def _outcome(run: RunRecord) -> Any:
 
 
 def start(
-    engine: Engine,
+    engine: Runtime,
     workflow: WorkflowRef,
     input: Any = None,
     run_id: str | None = None,
@@ -144,7 +144,7 @@ def start(
 
 
 async def astart(
-    engine: Engine,
+    engine: Runtime,
     workflow: WorkflowRef,
     input: Any = None,
     run_id: str | None = None,
@@ -176,7 +176,7 @@ async def astart(
 
 
 def _attempt(
-    engine: Engine,
+    engine: Runtime,
     definition: WorkflowDefinition,
     input: Any,
     resolved: Sequence[quotas.Quota],
@@ -233,7 +233,7 @@ class Presented:
 
 
 def start_child(
-    engine: Engine,
+    engine: Runtime,
     parent: RunRecord,
     workflow: WorkflowRef,
     input: Any,
@@ -261,7 +261,7 @@ class Planned:
 
 
 def start_together(
-    engine: Engine, planned: Sequence[Planned]
+    engine: Runtime, planned: Sequence[Planned]
 ) -> tuple[dict[int, RunHandle], dict[int, Exception]]:
     """Start several runs in one transaction, each under its own quota: what an event
     does for its subscribers. Returns the handles of the runs started and the errors of
@@ -308,7 +308,7 @@ def start_together(
 
 
 def retry(
-    engine: Engine, run_id: str, *, concurrency: quotas.ConcurrencyOption = None
+    engine: Runtime, run_id: str, *, concurrency: quotas.ConcurrencyOption = None
 ) -> RunHandle:
     """What :meth:`Engine.retry <durable_django.Engine.retry>` does: a start of the failed
     run, as its next attempt, through the same steps as any start."""
@@ -353,7 +353,7 @@ class BatchStart:
 
 
 def start_many(
-    engine: Engine,
+    engine: Runtime,
     workflow: WorkflowRef,
     inputs: Iterable[Any],
     *,
@@ -372,7 +372,7 @@ def start_many(
 
 
 async def astart_many(
-    engine: Engine,
+    engine: Runtime,
     workflow: WorkflowRef,
     inputs: Iterable[Any],
     *,
@@ -391,7 +391,7 @@ async def astart_many(
 
 
 def prepare_many(
-    engine: Engine,
+    engine: Runtime,
     workflow: WorkflowRef,
     inputs: Iterable[Any],
     run_ids: Iterable[str | None] | None,
@@ -421,7 +421,7 @@ def prepare_many(
 
 
 def admit_many(
-    engine: Engine,
+    engine: Runtime,
     definition: WorkflowDefinition,
     batch: Sequence[tuple[Any, str | None]],
     quotas_of: Sequence[Sequence[quotas.Quota]],
@@ -463,7 +463,7 @@ def admit_many(
 
 
 def _sorted_outcomes(
-    engine: Engine,
+    engine: Runtime,
     requests: Sequence[StartRequest],
     outcomes: Sequence[Any],
 ) -> tuple[list[RunHandle | None], list[tuple[int, ConcurrencyLimitError]], list[NewRun]]:
@@ -485,7 +485,7 @@ def _sorted_outcomes(
 
 
 def _refused_many(
-    engine: Engine,
+    engine: Runtime,
     workflow: str,
     refused: Sequence[tuple[int, ConcurrencyLimitError]],
     requests: Sequence[StartRequest],
@@ -521,7 +521,7 @@ def _refused_many(
 
 
 def prepare(
-    engine: Engine,
+    engine: Runtime,
     workflow: WorkflowRef,
     input: Any,
     concurrency: quotas.ConcurrencyOption,
@@ -542,7 +542,7 @@ def _quota_option(
 
 
 def admit(
-    engine: Engine,
+    engine: Runtime,
     definition: WorkflowDefinition,
     input: Any,
     resolved: Sequence[quotas.Quota],
@@ -584,7 +584,7 @@ def admit(
 
 
 def new_run(
-    engine: Engine,
+    engine: Runtime,
     definition: WorkflowDefinition,
     input: Any,
     resolved: Sequence[quotas.Quota],
@@ -609,7 +609,7 @@ def _run_id(run_id: str | None) -> str:
     return validate_text(run_id, "run_id", text_lengths().run_id)
 
 
-def _namespace(engine: Engine, namespace: str | None) -> str:
+def _namespace(engine: Runtime, namespace: str | None) -> str:
     """``namespace`` checked, or the engine's when it is ``None``."""
     if namespace is None:
         return engine.config.namespace
@@ -641,7 +641,7 @@ def _new_run(
 
 
 def _refused(
-    engine: Engine,
+    engine: Runtime,
     workflow: str,
     error: ConcurrencyLimitError,
     resolved: Sequence[quotas.Quota],
@@ -667,7 +667,7 @@ def _refused(
 
 
 def _keep_line(
-    engine: Engine,
+    engine: Runtime,
     error: ConcurrencyLimitError,
     quota: quotas.Quota,
     line: tickets.Line,
@@ -709,7 +709,7 @@ def _keep_line(
         logger.warning("could not keep the tickets of key %r", quota.key, exc_info=True)
 
 
-def _announce_started(engine: Engine, runs: Sequence[NewRun]) -> None:
+def _announce_started(engine: Runtime, runs: Sequence[NewRun]) -> None:
     """``run_started`` for each of ``runs``, once the transaction commits; nothing to do
     when no receiver listens (asked once, for the whole batch), whether connected for
     every sender or for the engine's class, the signal's sender."""
@@ -718,7 +718,7 @@ def _announce_started(engine: Engine, runs: Sequence[NewRun]) -> None:
             engine.store.on_commit(functools.partial(_send_started, engine, run))
 
 
-def _send_started(engine: Engine, run: NewRun) -> None:
+def _send_started(engine: Runtime, run: NewRun) -> None:
     send_signal(
         run_started,
         type(engine),
