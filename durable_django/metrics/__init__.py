@@ -38,9 +38,7 @@ from .catalogue import (
     METRICS,
     QUEUE_LAG,
     QUOTA_KEYS,
-    QUOTA_USAGE,
     RUN_DURATION,
-    SECONDS_BUCKETS,
     START_WAIT,
     STARTS,
     STEP_FAILURES,
@@ -233,18 +231,8 @@ def _observed() -> None:
 _observed()
 
 __all__ = [
-    "LEASE_LOSSES",
-    "LIBRARIES",
     "METRICS",
-    "QUEUE_LAG",
     "QUOTA_KEYS",
-    "QUOTA_USAGE",
-    "RUN_DURATION",
-    "SECONDS_BUCKETS",
-    "STARTS",
-    "START_WAIT",
-    "STEP_FAILURES",
-    "TICK_ITEMS",
     "Metric",
     "MetricsObserver",
     "Sink",

@@ -230,28 +230,3 @@ def observed_usage(engine: Runtime | None, limit: int) -> Sequence[tuple[str, in
     except Exception:
         logger.warning("could not read the quota usage for the metrics", exc_info=True)
         return ()
-
-
-__all__ = [
-    "LEASE_LOSSES",
-    "LIBRARIES",
-    "METRICS",
-    "QUEUE_LAG",
-    "QUOTA_KEYS",
-    "QUOTA_USAGE",
-    "RUN_DURATION",
-    "SECONDS_BUCKETS",
-    "STARTS",
-    "START_WAIT",
-    "STEP_FAILURES",
-    "TICK_ITEMS",
-    "Metric",
-    "Sink",
-    "busiest_keys",
-    "check_setting",
-    "chosen_libraries",
-    "configured_libraries",
-    "installed",
-    "observed_usage",
-    "read_by_default",
-]
