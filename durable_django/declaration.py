@@ -15,9 +15,10 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 
 from . import starting
 from .concurrency import ConcurrencyOption
+from .context import current_context
 from .engines import Engine, default_engine
 from .errors import DurableError
-from .execution import Context, current_context
+from .execution import Context
 from .registry import WorkflowDefinition, make_definition
 from .starting import BatchStart, Input, Output, RunHandle, StartOptions
 from .waiting import Wait, refuse_in_body

@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from django.utils import timezone
@@ -22,6 +21,7 @@ from .estimates import Holder
 from .events import PublishResult, publish
 from .execution import execute_run
 from .limits import text_lengths
+from .purging import purge
 from .records import NewRun
 from .registry import (
     Registry,
@@ -30,7 +30,8 @@ from .registry import (
     default_registry,
     make_definition,
 )
-from .retention import PurgeResult, purge
+from .retention import PurgeResult
+from .runtime import EngineConfig as EngineConfig  # importable from here, as before
 from .serialization import check_text, json_copy, validate_text
 from .signals import listened, run_finished
 from .signals import send as send_signal
@@ -47,26 +48,6 @@ from .waiting import Wait
 #: ``DURABLE["PUBLISH"]``: messages sent from the process's sender thread, or by the
 #: caller once its transaction commits.
 PUBLISH_MODES = ("background", "inline")
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """An engine's options once resolved against the settings."""
-
-    store: BaseStore
-    namespace: str
-    scope_reads: bool
-    queue: str
-    enqueue: bool
-    publish: str
-    lease_seconds: float
-    blocked_retry_seconds: float
-    pending_resend_seconds: float
-
-    @property
-    def sends_later(self) -> bool:
-        """Whether run messages leave from the process's sender thread (``PUBLISH``)."""
-        return self.publish == "background"
 
 
 class Engine:
@@ -636,3 +617,4 @@ def send_runs(runs: Sequence[Message], *, later: bool = False) -> None:
 
 #: The default engine, configured from ``settings.DURABLE`` on first use.
 default_engine = Engine()
+metrics.read_by_default(default_engine)  # the gauge of quota usage reads it

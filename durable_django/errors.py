@@ -61,11 +61,15 @@ class ConcurrencyLimitError(DurableError):
 
     def holders(self) -> list[Any]:
         """The runs holding the key now, oldest first: ``engine.quota_holders(key)`` of
-        the engine that refused the start (the default engine when it is not known)."""
-        engine = self.engine
-        if engine is None:
-            from .engines import default_engine as engine
-        return list(engine.quota_holders(self.key))
+        the engine that refused the start. An error that never went through a start (one
+        unpickled, or made by hand) knows no engine: ask one with
+        ``engine.quota_holders(error.key)``."""
+        if self.engine is None:
+            raise DurableError(
+                f"this refusal of key {self.key!r} knows no engine (it was unpickled or made "
+                f"by hand): call engine.quota_holders({self.key!r}) on the engine to ask"
+            )
+        return list(self.engine.quota_holders(self.key))
 
     def __reduce__(self) -> Any:
         return (

@@ -34,7 +34,7 @@ from .errors import DEFAULT_RETRY_AFTER, ConcurrencyLimitError
 from .records import RunRecord
 
 if TYPE_CHECKING:
-    from .engines import Engine
+    from .runtime import Runtime
     from .usage import QuotaUsage
 
 logger = logging.getLogger("durable_django.estimates")
@@ -88,7 +88,7 @@ def units(holder: Holder) -> int:
 
 
 def holders(
-    engine: Engine,
+    engine: Runtime,
     key: str,
     statuses: Collection[str] = DEFAULT_CONCURRENCY_STATUSES,
     now: datetime.datetime | None = None,
@@ -114,7 +114,7 @@ def _holder(run: RunRecord, tag: str, now: datetime.datetime) -> Holder:
     )
 
 
-def durations(engine: Engine, key: str, now: datetime.datetime | None = None) -> list[float]:
+def durations(engine: Runtime, key: str, now: datetime.datetime | None = None) -> list[float]:
     """How long (seconds, created to finished) the key's latest finished runs held their
     slot, at most :data:`HISTORY_RUNS` of those finished within :data:`HISTORY_WINDOW`."""
     now = now or timezone.now()
@@ -179,7 +179,7 @@ def turn_comes(
 
 
 def estimate(
-    engine: Engine,
+    engine: Runtime,
     key: str,
     limit: int,
     statuses: Collection[str] = DEFAULT_CONCURRENCY_STATUSES,
@@ -211,7 +211,7 @@ def estimate(
     )
 
 
-def for_usage(engine: Engine, usage: QuotaUsage) -> Estimate | None:
+def for_usage(engine: Runtime, usage: QuotaUsage) -> Estimate | None:
     """A busy key's estimate against its declared limit (against its active runs when
     no limit is known: when its next run likely ends); ``None`` for an idle key."""
     if not usage.active:
@@ -220,7 +220,7 @@ def for_usage(engine: Engine, usage: QuotaUsage) -> Estimate | None:
 
 
 def explain(
-    engine: Engine,
+    engine: Runtime,
     error: ConcurrencyLimitError,
     statuses: Collection[str] = DEFAULT_CONCURRENCY_STATUSES,
     *,

@@ -14,7 +14,7 @@ from .signals import send as send_signal
 from .starting import Planned, RunHandle, start_together
 
 if TYPE_CHECKING:
-    from .engines import Engine
+    from .runtime import Runtime
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ def event_run_id(event: str, event_id: str, workflow: str) -> str:
     return f"event:{digest}"
 
 
-def publish(engine: Engine, name: str, payload: Any, id: str | None = None) -> PublishResult:
+def publish(engine: Runtime, name: str, payload: Any, id: str | None = None) -> PublishResult:
     """Start one run of every workflow subscribed to ``name``, with ``payload`` as input.
 
     Each subscriber starts under its own quota; one refused (or whose key or limit

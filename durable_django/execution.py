@@ -10,7 +10,6 @@ it again. A call that must wait raises :class:`Suspend`, which ends the turn wit
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import datetime
 import logging
@@ -41,6 +40,7 @@ from django.utils import timezone
 
 from . import metrics
 from .concurrency import ConcurrencyOption
+from .context import current_context
 from .db import (
     close_connections,
     close_dropped_connections,
@@ -114,11 +114,6 @@ def _typed_from_fn(method: Callable[..., Any]) -> DurableCall:
 
 #: A durable call this long after the previous one first checks the connections.
 IDLE_CHECK_SECONDS = 1.0
-
-#: The context of the body running in this thread (or task), if any.
-current_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
-    "durable_django_context", default=None
-)
 
 
 class Suspend(ControlFlow):
@@ -648,6 +643,7 @@ class Context:
             self._record(recorded)
         if recorded.error is not None:
             refusal = _refusal_from(recorded.error)
+            refusal.engine = self.engine  # for its holders()
             raise ChildWorkflowError(
                 f"child workflow {definition.name!r} was refused: {refusal}",
                 cause=refusal,

@@ -1,11 +1,11 @@
 """The limits of what the store holds, in one place.
 
-Text lengths are read from the model fields that hold the text, on first use (reading
-them needs Django's app registry). A name that gets a prefix before it is stored (a quota
-key in its tag ``concurrency:<key>``, a signal token or a child's workflow in a step name
-``durable.signal:<token>``, ``durable.child:<workflow>``) is also held to what the column
-leaves for it, so a legal name never makes a stored one too long; the prefixes are defined
-here for that reason.
+Text lengths are the lengths of the columns that hold the text: the models take them from
+here (``CharField(max_length=limits.RUN_ID)``), and the migrations say the same. A name
+that gets a prefix before it is stored (a quota key in its tag ``concurrency:<key>``, a
+signal token or a child's workflow in a step name ``durable.signal:<token>``,
+``durable.child:<workflow>``) is also held to what the column leaves for it, so a legal
+name never makes a stored one too long; the prefixes are defined here for that reason.
 
 JSON values and quota limits have limits of their own, the same on every database:
 ``docs/databases.md`` says what each database refuses and why these numbers.
@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from django.db.models import Model
 
 MAX_JSON_DEPTH = 20
 """The deepest a JSON value may nest (a list in a list is two levels). MariaDB refuses
@@ -41,6 +37,26 @@ function takes: the same range on every database."""
 MAX_ERROR_MESSAGE = 10_000
 MAX_ERROR_TRACEBACK = 50_000
 
+# The columns' lengths (characters). A run id is also kept as a child's parent, a signal's
+# taker and a schedule's last run; a namespace also on each tag and kept ticket; a quota
+# key as a quota lock's and a kept ticket's key.
+RUN_ID = 255
+WORKFLOW = 200
+VERSION = 64
+NAMESPACE = 100
+QUEUE = 200
+TAG = 255
+QUOTA_KEY = 255
+STEP_NAME = 200
+SIGNAL_TOKEN = 255
+SCHEDULE_KEY = 200
+#: A schedule's cron expression, its timezone's name, and the quota key of its own.
+SCHEDULE_CRON = 200
+TIMEZONE = 64
+SCHEDULE_QUOTA_KEY = 200
+#: The highest schedule interval (seconds): the top of a ``PositiveIntegerField``.
+MAX_INTERVAL = 2**31 - 1
+
 #: A run started under quota key ``K`` carries the tag ``concurrency:K``.
 TAG_PREFIX = "concurrency:"
 
@@ -52,7 +68,7 @@ CHILD_STEP_PREFIX = "durable.child:"
 
 @dataclass(frozen=True, slots=True)
 class TextLengths:
-    """The most characters each kind of text may have, read from its columns."""
+    """The most characters each kind of text may have."""
 
     run_id: int
     workflow: int
@@ -68,38 +84,16 @@ class TextLengths:
 
 @functools.cache
 def text_lengths() -> TextLengths:
-    """The lengths, read from the models once (the app registry must be ready)."""
-    from django.db.models import CharField
-
-    from .models import QuotaLock, Run, RunTag, Schedule, Signal, Step, model_field
-
-    def length(model: type[Model], name: str) -> int:
-        max_length = model_field(model, name, CharField).max_length
-        assert max_length is not None, f"{model.__name__}.{name} has no max_length"
-        return max_length
-
-    def column(model: type[Model], *names: str) -> int:
-        return min(length(model, name) for name in names)
-
-    step_name = column(Step, "name")
+    """The lengths: each column's, less the prefix a name gets where it is stored."""
     return TextLengths(
-        # A run id is also kept as a child's parent, a signal's taker, a schedule's last run.
-        run_id=min(
-            column(Run, "id", "parent_id"),
-            column(Signal, "consumed_by"),
-            column(Schedule, "last_run_id"),
-        ),
-        workflow=min(
-            column(Run, "workflow"),
-            column(Schedule, "workflow"),
-            step_name - len(CHILD_STEP_PREFIX),
-        ),
-        version=column(Run, "version"),
-        namespace=min(column(Run, "namespace"), column(RunTag, "namespace")),
-        queue=column(Run, "queue"),
-        tag=column(RunTag, "tag"),
-        quota_key=min(column(RunTag, "tag") - len(TAG_PREFIX), column(QuotaLock, "key")),
-        step_name=step_name,
-        signal_token=min(column(Signal, "token"), step_name - len(SIGNAL_STEP_PREFIX)),
-        schedule_key=column(Schedule, "key"),
+        run_id=RUN_ID,
+        workflow=min(WORKFLOW, STEP_NAME - len(CHILD_STEP_PREFIX)),
+        version=VERSION,
+        namespace=NAMESPACE,
+        queue=QUEUE,
+        tag=TAG,
+        quota_key=min(TAG - len(TAG_PREFIX), QUOTA_KEY),
+        step_name=STEP_NAME,
+        signal_token=min(SIGNAL_TOKEN, STEP_NAME - len(SIGNAL_STEP_PREFIX)),
+        schedule_key=SCHEDULE_KEY,
     )

@@ -13,10 +13,11 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 from django.utils import timezone as django_timezone
 
+from . import limits
 from .errors import UnstorableValueError, WorkflowNotFound
 from .fields import ExactCharField
 from .registry import default_registry
-from .serialization import json_copy, text_problem
+from .serialization import json_copy, length_problem, number_problem, text_problem
 from .status import RunStatus
 from .windows import next_window, schedule_quota, validate_timing
 
@@ -47,19 +48,26 @@ class RunQuerySet(models.QuerySet["Run"]):
 class Run(models.Model):
     """One execution of a workflow, from its start to its end."""
 
-    id = ExactCharField(primary_key=True, max_length=255, verbose_name="run id")
-    workflow = ExactCharField(max_length=200, help_text="The workflow's registered name.")
-    version = models.CharField(max_length=64, help_text="The workflow version that started it.")
-    namespace = ExactCharField(max_length=100, default="default")
+    id = ExactCharField(primary_key=True, max_length=limits.RUN_ID, verbose_name="run id")
+    workflow = ExactCharField(
+        max_length=limits.WORKFLOW, help_text="The workflow's registered name."
+    )
+    version = models.CharField(
+        max_length=limits.VERSION, help_text="The workflow version that started it."
+    )
+    namespace = ExactCharField(max_length=limits.NAMESPACE, default="default")
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
     queue = models.CharField(
-        max_length=200, blank=True, default="", help_text="Celery queue; empty for the default."
+        max_length=limits.QUEUE,
+        blank=True,
+        default="",
+        help_text="Celery queue; empty for the default.",
     )
     input = models.JSONField(null=True, blank=True)
     output = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     # NULL, not "", for a run without a parent: it is a reference, not text.
-    parent_id = ExactCharField(max_length=255, null=True, blank=True, db_index=True)
+    parent_id = ExactCharField(max_length=limits.RUN_ID, null=True, blank=True, db_index=True)
     blocked_reason = models.TextField(blank=True, default="")
     attempt = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now)
@@ -171,13 +179,15 @@ class RunTag(models.Model):
 
     # No index of its own: the unique (run, tag) constraint's index leads with the run.
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tag_rows", db_index=False)
-    tag = ExactCharField(max_length=255)
+    tag = ExactCharField(max_length=limits.TAG)
     status = models.CharField(
         max_length=16,
         choices=RunStatus.choices,
         help_text="Copy of the run's status, changed in the same transaction.",
     )
-    namespace = ExactCharField(max_length=100, help_text="Copy of the run's namespace.")
+    namespace = ExactCharField(
+        max_length=limits.NAMESPACE, help_text="Copy of the run's namespace."
+    )
     weight = models.PositiveIntegerField(
         default=1,
         db_default=1,
@@ -207,7 +217,7 @@ class Step(models.Model):
     # No index of its own: the unique (run, position) constraint's index leads with the run.
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     position = models.PositiveIntegerField()
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=limits.STEP_NAME)
     result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -228,11 +238,15 @@ class Step(models.Model):
 class Signal(models.Model):
     """A payload sent to a token, kept until a run waiting on that token takes it."""
 
-    token = ExactCharField(max_length=255)
+    token = ExactCharField(max_length=limits.SIGNAL_TOKEN)
     payload = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     consumed_by = ExactCharField(
-        max_length=255, blank=True, default="", db_default="", help_text="The run that took it."
+        max_length=limits.RUN_ID,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The run that took it.",
     )
     consumed_at = models.DateTimeField(null=True, blank=True)
 
@@ -278,21 +292,30 @@ class Schedule(models.Model):
         CODE = "code", "Declared in code"
         ADMIN = "admin", "Edited in the admin"
 
-    key = ExactCharField(max_length=200, unique=True, help_text="Stable name of the schedule.")
-    workflow = ExactCharField(max_length=200, help_text="The registered workflow to start.")
+    key = ExactCharField(
+        max_length=limits.SCHEDULE_KEY, unique=True, help_text="Stable name of the schedule."
+    )
+    workflow = ExactCharField(
+        max_length=limits.WORKFLOW, help_text="The registered workflow to start."
+    )
     input = models.JSONField(null=True, blank=True, help_text="The input of every run.")
     cron = models.CharField(
-        max_length=200, blank=True, default="", help_text="Five-field cron expression."
+        max_length=limits.SCHEDULE_CRON,
+        blank=True,
+        default="",
+        help_text="Five-field cron expression.",
     )
     timezone = models.CharField(
-        max_length=64, default="UTC", help_text="IANA timezone the cron expression is read in."
+        max_length=limits.TIMEZONE,
+        default="UTC",
+        help_text="IANA timezone the cron expression is read in.",
     )
     interval_seconds = models.PositiveIntegerField(
         null=True, blank=True, help_text="Fire every this many seconds (instead of cron)."
     )
     enabled = models.BooleanField(default=True)
     concurrency_key = ExactCharField(
-        max_length=200,
+        max_length=limits.SCHEDULE_QUOTA_KEY,
         blank=True,
         default="",
         help_text="Quota key of the schedule's own; empty: the workflow's quota applies.",
@@ -309,7 +332,7 @@ class Schedule(models.Model):
     )
     next_due_at = models.DateTimeField(null=True, blank=True)
     last_fired_at = models.DateTimeField(null=True, blank=True)
-    last_run_id = ExactCharField(max_length=255, blank=True, default="")
+    last_run_id = ExactCharField(max_length=limits.RUN_ID, blank=True, default="")
     last_error = models.TextField(blank=True, default="")
     # The ``timezone`` field above hides django.utils.timezone in this class body.
     created_at = models.DateTimeField(default=django_timezone.now)
@@ -408,20 +431,20 @@ def column_errors(fields: Mapping[str, Any]) -> dict[str, str]:
     errors = {}
     for name, value in fields.items():
         column = model_field(Schedule, name, models.Field)
-        label = column.verbose_name
+        label = str(column.verbose_name)
         kind = column.get_internal_type()
         if value is None:
             continue
         if kind in BaseDatabaseOperations.integer_field_ranges:
             low, high = BaseDatabaseOperations.integer_field_ranges[kind]
-            if isinstance(value, bool) or not isinstance(value, int):
-                errors[name] = f"{label} must be a whole number, not {value!r}"
-            elif not low <= value <= high:
-                errors[name] = f"{label} must be between {low} and {high}, not {value}"
-        elif isinstance(value, str) and column.max_length and len(value) > column.max_length:
-            errors[name] = (
-                f"{label} is {len(value)} characters long; its column holds {column.max_length}"
-            )
+            if problem := number_problem(label, value, low, high):
+                errors[name] = problem
+        elif (
+            isinstance(value, str)
+            and column.max_length
+            and (problem := length_problem(label, value, column.max_length))
+        ):
+            errors[name] = problem
         elif isinstance(value, str) and (problem := text_problem(value)):
             errors[name] = f"{label} cannot be stored: {problem}"
         elif kind == "JSONField":
@@ -435,7 +458,7 @@ def column_errors(fields: Mapping[str, Any]) -> dict[str, str]:
 class QuotaLock(models.Model):
     """One row per quota key, locked to serialise starts of that key."""
 
-    key = ExactCharField(primary_key=True, max_length=255)
+    key = ExactCharField(primary_key=True, max_length=limits.QUOTA_KEY)
     last_start_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -452,14 +475,14 @@ class QuotaTicket(models.Model):
     its client came back with it (:mod:`durable_django.tickets`)."""
 
     id = models.CharField(primary_key=True, max_length=32)
-    quota_key = ExactCharField(max_length=255)
+    quota_key = ExactCharField(max_length=limits.QUOTA_KEY)
     joined_at = models.DateTimeField(
         help_text="When its client first came back with it: its place in the key's line."
     )
     weight = models.PositiveIntegerField(default=1)
     expires_at = models.DateTimeField(help_text="Past this, the ticket holds no place.")
     namespace = ExactCharField(
-        max_length=100,
+        max_length=limits.NAMESPACE,
         default="",
         help_text="The namespace of the engine that kept it: the line it is in.",
     )

@@ -1,9 +1,9 @@
-"""Retention: delete finished runs, with their tags and steps, and taken signals.
+"""Retention's rule: which finished runs a purge may delete, and what it deleted.
 
 Nothing is deleted on its own: finished runs stay for the admin, ``durable show`` and
 ``engine.get_run`` until ``engine.purge`` (or ``manage.py durable purge``) removes those
-that finished before a cutoff. It deletes in batches, each its own transaction, so a
-large purge neither holds locks for long nor loads many runs at once.
+that finished before a cutoff (:mod:`durable_django.purging` drives it through the
+store, in batches).
 
 A run is deleted only when its whole ancestry has finished too: an active parent (or
 grandparent...) replays its body and reads its children's outcomes, and would wait
@@ -16,14 +16,8 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from django.utils import timezone
 
 from .lifecycle import TERMINAL_STATUSES
-
-if TYPE_CHECKING:
-    from .engines import Engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,38 +96,3 @@ def active_ancestors(
                 still[run_id] = (parent_id, passed | {ancestor})
         walking = still
     return found
-
-
-def purge(
-    engine: Engine,
-    older_than: datetime.timedelta | datetime.datetime,
-    statuses: Collection[str] | None,
-    batch_size: int,
-) -> PurgeResult:
-    """See :meth:`durable_django.Engine.purge`."""
-    before = cutoff(older_than, timezone.now())
-    statuses = finished_statuses(statuses)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
-    store = engine.store
-    runs = signals = 0
-    after = None
-    while True:
-        deleted, after = store.purge_runs(
-            before, statuses, engine.read_namespace, batch_size, after
-        )
-        runs += deleted
-        if after is None:
-            break
-    while True:
-        deleted = store.purge_signals(before, batch_size)
-        signals += deleted
-        if deleted < batch_size:
-            break
-    tickets = 0
-    while True:
-        deleted = store.purge_tickets(timezone.now(), batch_size)
-        tickets += deleted
-        if deleted < batch_size:
-            break
-    return PurgeResult(runs=runs, signals=signals, tickets=tickets)

@@ -38,7 +38,7 @@ from .windows import (
 )
 
 if TYPE_CHECKING:
-    from .engines import Engine
+    from .runtime import Runtime
 
 __all__ = [
     "CRON_HORIZON_YEARS",
@@ -52,6 +52,7 @@ __all__ = [
     "fire_now",
     "latest_window",
     "next_window",
+    "own_quotas",
     "schedule_quota",
     "sync_declared",
     "validate_timing",
@@ -65,7 +66,7 @@ logger = logging.getLogger("durable_django.schedules")
 # syncing declared schedules -----------------------------------------------------------
 
 
-def sync_declared(engine: Engine) -> list[str]:
+def sync_declared(engine: Runtime) -> list[str]:
     """Create or update the rows of the schedules declared on workflows, by key.
 
     A row created or last saved from code follows its declaration. A row saved in the
@@ -136,6 +137,15 @@ def _sync_one(workflow: str, spec: ScheduleSpec, row: Schedule | None) -> bool:
     return False
 
 
+def own_quotas() -> dict[str, tuple[str, int | None]]:
+    """``{schedule key: (quota key, limit)}`` of the schedule rows with a quota of their
+    own."""
+    rows = Schedule.objects.exclude(concurrency_key="").values_list(
+        "key", "concurrency_key", "concurrency_limit"
+    )
+    return {key: (quota_key, limit) for key, quota_key, limit in rows}
+
+
 def _next_due(values: Mapping[str, Any], now: datetime.datetime) -> datetime.datetime | None:
     if not values["enabled"]:
         return None
@@ -157,7 +167,7 @@ class Firing:
     refusal: ConcurrencyLimitError | None = None
 
 
-def fire(engine: Engine, schedule: Schedule, now: datetime.datetime) -> Firing:
+def fire(engine: Runtime, schedule: Schedule, now: datetime.datetime) -> Firing:
     """Start the run of ``schedule``'s latest window due at ``now`` and record what
     happened on the row: ``last_fired_at``/``last_run_id`` and a cleared ``last_error``,
     or the error (an over-limit window is skipped). The window is claimed first with a
@@ -196,7 +206,7 @@ def _park(schedule: Schedule, now: datetime.datetime, error: Exception) -> Firin
     return Firing(schedule.key, now, None, message, claimed=bool(parked))
 
 
-def fire_now(engine: Engine, schedule: Schedule, now: datetime.datetime | None = None) -> Firing:
+def fire_now(engine: Runtime, schedule: Schedule, now: datetime.datetime | None = None) -> Firing:
     """Start a run of ``schedule`` now, outside its windows (``manage.py durable fire``),
     under its quota, recording the outcome on the row; its next due time is unchanged."""
     now = now or timezone.now()
@@ -204,7 +214,7 @@ def fire_now(engine: Engine, schedule: Schedule, now: datetime.datetime | None =
 
 
 def _start_window(
-    engine: Engine,
+    engine: Runtime,
     schedule: Schedule,
     window: datetime.datetime,
     run_id: str,
@@ -246,6 +256,6 @@ def belongs_to_one_schedule(error: Exception, using: str) -> bool:
     return not connection_lost(error, using)
 
 
-def fire_due(engine: Engine, now: datetime.datetime) -> list[Firing]:
+def fire_due(engine: Runtime, now: datetime.datetime) -> list[Firing]:
     """Fire every enabled schedule whose next window is due at ``now``, each on its own."""
     return [fire(engine, schedule, now) for schedule in Schedule.objects.due(now)]

@@ -74,6 +74,24 @@ def text_problem(text: str) -> str | None:
     return f"it contains {name} at index {found.start()}"
 
 
+def length_problem(label: str, text: str, length: int) -> str | None:
+    """Why a column of ``length`` characters cannot hold ``text``, or ``None``."""
+    if len(text) <= length:
+        return None
+    return f"{label} is {len(text)} characters long; its column holds {length}"
+
+
+def number_problem(label: str, value: object, low: int, high: int) -> str | None:
+    """Why an integer column of range ``low`` to ``high`` cannot hold ``value`` as given
+    (a number that is not an int, such as ``2.5`` or ``True``, is not rounded), or
+    ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{label} must be a whole number, not {value!r}"
+    if not low <= value <= high:
+        return f"{label} must be between {low} and {high}, not {value}"
+    return None
+
+
 def validate_text(value: object, what: str, max_length: int | None = None) -> str:
     """``value`` if it is a non-empty str of at most ``max_length`` characters that a
     text column can hold; else ``TypeError``, ``ValueError`` or

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from typing_extensions import TypeVar
 
     from .declaration import BaseWorkflow, Workflow
-    from .engines import Engine, EngineConfig
+    from .runtime import EngineConfig, Runtime
 
     #: A workflow's input and output, as its body declares them; ``Any`` where unsaid.
     Input = TypeVar("Input", default=Any)
@@ -109,7 +109,7 @@ class RunHandle(Generic[Output]):
 
     __slots__ = ("created", "engine", "run_id", "workflow")
 
-    def __init__(self, engine: Engine, run_id: str, workflow: str, created: bool) -> None:
+    def __init__(self, engine: Runtime, run_id: str, workflow: str, created: bool) -> None:
         self.engine = engine
         self.run_id = run_id
         self.workflow = workflow
@@ -143,7 +143,7 @@ def _outcome(run: RunRecord) -> Any:
 
 
 def start(
-    engine: Engine,
+    engine: Runtime,
     workflow: WorkflowRef,
     input: Any = None,
     run_id: str | None = None,
@@ -171,7 +171,7 @@ def start(
 
 
 async def astart(
-    engine: Engine,
+    engine: Runtime,
     workflow: WorkflowRef,
     input: Any = None,
     run_id: str | None = None,
@@ -198,7 +198,7 @@ async def astart(
 
 
 def _attempt(
-    engine: Engine,
+    engine: Runtime,
     definition: WorkflowDefinition,
     input: Any,
     resolved: Sequence[quotas.Quota],
@@ -256,7 +256,7 @@ class Presented:
 
 
 def start_child(
-    engine: Engine,
+    engine: Runtime,
     parent: RunRecord,
     workflow: WorkflowRef,
     input: Any,
@@ -284,7 +284,7 @@ class Planned:
 
 
 def start_together(
-    engine: Engine, planned: Sequence[Planned]
+    engine: Runtime, planned: Sequence[Planned]
 ) -> tuple[dict[int, RunHandle], dict[int, Exception]]:
     """Start several runs in one transaction, each under its own quota: what an event
     does for its subscribers. Returns the handles of the runs started and the errors of
@@ -331,7 +331,7 @@ def start_together(
 
 
 def retry(
-    engine: Engine, run_id: str, *, concurrency: quotas.ConcurrencyOption = None
+    engine: Runtime, run_id: str, *, concurrency: quotas.ConcurrencyOption = None
 ) -> RunHandle:
     """What :meth:`Engine.retry <durable_django.Engine.retry>` does: a start of the failed
     run, as its next attempt, through the same steps as any start."""
@@ -376,7 +376,7 @@ class BatchStart(Generic[Output]):
 
 
 def start_many(
-    engine: Engine,
+    engine: Runtime,
     workflow: WorkflowRef,
     inputs: Iterable[Any],
     run_ids: Iterable[str | None] | None = None,
@@ -393,7 +393,7 @@ def start_many(
 
 
 async def astart_many(
-    engine: Engine,
+    engine: Runtime,
     workflow: WorkflowRef,
     inputs: Iterable[Any],
     run_ids: Iterable[str | None] | None = None,
@@ -411,7 +411,7 @@ async def astart_many(
 
 
 def prepare_many(
-    engine: Engine,
+    engine: Runtime,
     workflow: WorkflowRef,
     inputs: Iterable[Any],
     run_ids: Iterable[str | None] | None,
@@ -441,7 +441,7 @@ def prepare_many(
 
 
 def admit_many(
-    engine: Engine,
+    engine: Runtime,
     definition: WorkflowDefinition,
     batch: Sequence[tuple[Any, str | None]],
     quotas_of: Sequence[Sequence[quotas.Quota]],
@@ -483,7 +483,7 @@ def admit_many(
 
 
 def _sorted_outcomes(
-    engine: Engine,
+    engine: Runtime,
     requests: Sequence[StartRequest],
     outcomes: Sequence[Any],
 ) -> tuple[list[RunHandle | None], list[tuple[int, ConcurrencyLimitError]], list[NewRun]]:
@@ -505,7 +505,7 @@ def _sorted_outcomes(
 
 
 def _refused_many(
-    engine: Engine,
+    engine: Runtime,
     workflow: str,
     refused: Sequence[tuple[int, ConcurrencyLimitError]],
     requests: Sequence[StartRequest],
@@ -541,7 +541,7 @@ def _refused_many(
 
 
 def prepare(
-    engine: Engine,
+    engine: Runtime,
     workflow: WorkflowRef,
     input: Any,
     concurrency: quotas.ConcurrencyOption,
@@ -562,7 +562,7 @@ def _quota_option(
 
 
 def admit(
-    engine: Engine,
+    engine: Runtime,
     definition: WorkflowDefinition,
     input: Any,
     resolved: Sequence[quotas.Quota],
@@ -604,7 +604,7 @@ def admit(
 
 
 def new_run(
-    engine: Engine,
+    engine: Runtime,
     definition: WorkflowDefinition,
     input: Any,
     resolved: Sequence[quotas.Quota],
@@ -629,7 +629,7 @@ def _run_id(run_id: str | None) -> str:
     return validate_text(run_id, "run_id", text_lengths().run_id)
 
 
-def _namespace(engine: Engine, namespace: str | None) -> str:
+def _namespace(engine: Runtime, namespace: str | None) -> str:
     """``namespace`` checked, or the engine's when it is ``None``."""
     if namespace is None:
         return engine.config.namespace
@@ -661,7 +661,7 @@ def _new_run(
 
 
 def _refused(
-    engine: Engine,
+    engine: Runtime,
     workflow: str,
     error: ConcurrencyLimitError,
     resolved: Sequence[quotas.Quota],
@@ -687,7 +687,7 @@ def _refused(
 
 
 def _keep_line(
-    engine: Engine,
+    engine: Runtime,
     error: ConcurrencyLimitError,
     quota: quotas.Quota,
     line: tickets.Line,
@@ -729,7 +729,7 @@ def _keep_line(
         logger.warning("could not keep the tickets of key %r", quota.key, exc_info=True)
 
 
-def _announce_started(engine: Engine, runs: Sequence[NewRun]) -> None:
+def _announce_started(engine: Runtime, runs: Sequence[NewRun]) -> None:
     """``run_started`` for each of ``runs``, once the transaction commits; nothing to do
     when no receiver listens (asked once, for the whole batch), whether connected for
     every sender or for the engine's class, the signal's sender."""
@@ -738,7 +738,7 @@ def _announce_started(engine: Engine, runs: Sequence[NewRun]) -> None:
             engine.store.on_commit(functools.partial(_send_started, engine, run))
 
 
-def _send_started(engine: Engine, run: NewRun) -> None:
+def _send_started(engine: Runtime, run: NewRun) -> None:
     send_signal(
         run_started,
         type(engine),

@@ -14,7 +14,7 @@ from .observability import events as observing
 from .status import RunStatus
 
 if TYPE_CHECKING:
-    from .engines import Engine
+    from .runtime import Runtime
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,7 @@ class TickResult:
         return self.woken + self.recovered + self.unblocked + self.resent + self.fired
 
 
-def tick(engine: Engine, now: datetime.datetime, limit: int) -> TickResult:
+def tick(engine: Runtime, now: datetime.datetime, limit: int) -> TickResult:
     """See :meth:`durable_django.Engine.tick`."""
     config = engine.config
     store = engine.store

@@ -15,7 +15,7 @@ from .concurrency import (
 )
 
 if TYPE_CHECKING:
-    from .engines import Engine
+    from .runtime import Runtime
     from .stores.base import BaseStore
 
 #: How many of an idle key's latest runs are read to learn which workflows use the key.
@@ -64,7 +64,7 @@ def active_keys(store: BaseStore, namespace: str | None) -> dict[str, dict[str, 
     return store.quota_keys(DEFAULT_CONCURRENCY_STATUSES, namespace)
 
 
-def recent_workflows(engine: Engine, key: str) -> tuple[str, ...]:
+def recent_workflows(engine: Runtime, key: str) -> tuple[str, ...]:
     """The workflows of the key's latest :data:`RECENT_RUNS` runs, finished or not."""
     runs = engine.store.list_runs(
         tag=quota_tag(key), namespace=engine.read_namespace, limit=RECENT_RUNS
@@ -72,7 +72,7 @@ def recent_workflows(engine: Engine, key: str) -> tuple[str, ...]:
     return tuple(sorted({run.workflow for run in runs}))
 
 
-def schedule_limits(engine: Engine) -> dict[str, list[int]]:
+def schedule_limits(engine: Runtime) -> dict[str, list[int]]:
     """``{key: [limits]}`` of the schedules with a quota of their own: those declared on
     the registered workflows and, on a shared store, the rows of the schedule table (which
     win over a declaration of the same schedule key, as the tick does)."""
@@ -84,12 +84,9 @@ def schedule_limits(engine: Engine) -> dict[str, list[int]]:
             if spec.concurrency and spec.concurrency.get("key"):
                 by_schedule[spec.key] = (spec.concurrency["key"], spec.concurrency.get("limit"))
     if engine.store.is_shared:
-        from .models import Schedule
+        from .schedules import own_quotas  # they read the models: once the registry is ready
 
-        rows = Schedule.objects.exclude(concurrency_key="").values_list(
-            "key", "concurrency_key", "concurrency_limit"
-        )
-        by_schedule.update({key: (quota_key, limit) for key, quota_key, limit in rows})
+        by_schedule.update(own_quotas())
     limits: dict[str, list[int]] = defaultdict(list)
     for quota_key, limit in by_schedule.values():
         if limit is not None:
@@ -97,7 +94,7 @@ def schedule_limits(engine: Engine) -> dict[str, list[int]]:
     return limits
 
 
-def workflow_limit(engine: Engine, workflow: str, key: str) -> DeclaredLimit | None:
+def workflow_limit(engine: Runtime, workflow: str, key: str) -> DeclaredLimit | None:
     """The limit ``workflow``'s latest version declares for ``key`` (its limit function,
     sync or async, called with the key), or ``None`` when it declares no quota. A limit
     function that fails is reported, unless the key is not one of the workflow's own
@@ -127,7 +124,7 @@ def workflow_limit(engine: Engine, workflow: str, key: str) -> DeclaredLimit | N
 
 
 def quota_of_key(
-    engine: Engine, workflow: str, declared: Iterable[Concurrency], key: str
+    engine: Runtime, workflow: str, declared: Iterable[Concurrency], key: str
 ) -> Concurrency | None:
     """The first of ``declared`` whose key function gives ``key`` for the input of the
     key's latest run of ``workflow`` (``None``: none does, or the key has no run)."""
@@ -145,7 +142,7 @@ def quota_of_key(
     return None
 
 
-def started_under(engine: Engine, workflow: str, concurrency: Concurrency, key: str) -> bool:
+def started_under(engine: Runtime, workflow: str, concurrency: Concurrency, key: str) -> bool:
     """Whether the key's latest run of ``workflow`` was started under the workflow's own
     quota: its key function gives ``key`` for that run's input. A run started under a
     per-start quota carries that quota's key instead."""
@@ -161,7 +158,7 @@ def started_under(engine: Engine, workflow: str, concurrency: Concurrency, key: 
 
 
 def declared_limit(
-    engine: Engine, workflows: Iterable[str], key: str, from_schedules: list[int]
+    engine: Runtime, workflows: Iterable[str], key: str, from_schedules: list[int]
 ) -> DeclaredLimit:
     """The smallest limit declared for ``key``. Schedules name their key literally, so
     their limits win; otherwise the limits the workflows using the key declare."""
@@ -176,7 +173,7 @@ def declared_limit(
     return DeclaredLimit(limit, computed, error)
 
 
-def quota_usage(engine: Engine, key: str | None = None) -> list[QuotaUsage]:
+def quota_usage(engine: Runtime, key: str | None = None) -> list[QuotaUsage]:
     """Every key with active runs (or just ``key``, busy or not), busiest first.
 
     An idle key's workflows are those of its latest runs, so its limit is known as long

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 from asgiref.sync import sync_to_async
 
+from .context import current_context
 from .errors import ConcurrencyLimitError, DurableError
 
 if TYPE_CHECKING:
@@ -97,8 +98,6 @@ def seconds(wait: object) -> float:
 
 def refuse_in_body() -> None:
     """Raise :class:`DurableError` when called inside a running workflow body."""
-    from .execution import current_context  # execution imports the start path
-
     if current_context.get() is not None:
         raise DurableError(
             "wait= is not available inside a workflow body: a child start does not wait "

@@ -23,12 +23,12 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, croniter
-from django.apps import apps
 from django.utils import timezone
 
 from . import concurrency as quotas
+from . import limits
 from .limits import text_lengths
-from .serialization import json_copy, validate_text
+from .serialization import json_copy, length_problem, number_problem, validate_text
 
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
@@ -134,11 +134,19 @@ class ScheduleSpec:
                     f"schedule {spec.key!r}: its own quota takes no weight (its runs weigh 1); "
                     f"a weight is declared on the workflow's quotas"
                 )
-        if apps.models_ready:  # else the tick's sync meets what the database refuses
-            from .models import column_errors  # the model exists once the registry is ready
-
-            for error in column_errors({"key": spec.key, **spec.row_fields()}).values():
-                raise ValueError(f"schedule {spec.key!r}: {error}")
+        # What the row's columns hold, past the checks above: the model's lengths and
+        # ranges are these.
+        problems = (
+            length_problem("cron", spec.cron, limits.SCHEDULE_CRON),
+            length_problem(
+                "concurrency key", spec.row_fields()["concurrency_key"], limits.SCHEDULE_QUOTA_KEY
+            ),
+            spec.interval
+            and number_problem("interval seconds", spec.interval, 0, limits.MAX_INTERVAL),
+        )
+        for problem in problems:
+            if problem:
+                raise ValueError(f"schedule {spec.key!r}: {problem}")
         return spec
 
     def row_fields(self) -> dict[str, Any]:

@@ -211,6 +211,7 @@ def test_a_refused_child_is_a_failed_child_and_replays_the_same(engine: Engine):
     assert (result["refused"], result["active"]) == ("k", 1)
     assert 2 < result["retry_after"] <= 3
     assert isinstance(seen[0], ConcurrencyLimitError)
+    assert [holder.run_id for holder in seen[0].holders()] == [blocker.run_id]
     with pytest.raises(RunNotFound):
         engine.get_run(f"{handle.run_id}/0")  # nothing created
     # With the slot free, a replay still sees the recorded refusal.

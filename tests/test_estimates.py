@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from durable_django import ConcurrencyLimitError, Engine, RunStatus
+from durable_django import ConcurrencyLimitError, DurableError, Engine, RunStatus
 from durable_django import estimates as estimates_module
 from durable_django.estimates import HISTORY, NO_HISTORY, READ_FAILED, Holder
 from durable_django.models import Run, RunTag
@@ -102,6 +102,12 @@ def test_the_holders_are_listed_oldest_first(engine: Engine):
     error = refusal(engine, "tenant:acme")
     assert [holder.run_id for holder in error.holders()] == [oldest, middle, newest]
     assert engine.quota_holders("tenant:nobody") == []
+
+
+def test_an_error_that_knows_no_engine_says_where_to_ask_for_its_holders():
+    copy = pickle.loads(pickle.dumps(ConcurrencyLimitError("w", "tenant:acme", 1, 1)))
+    with pytest.raises(DurableError, match=r"engine\.quota_holders\('tenant:acme'\)"):
+        copy.holders()
 
 
 def test_the_holders_are_those_of_the_read_namespace(registry, db):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics as otel
 
-from . import (
+from .catalogue import (
     METRICS,
     QUOTA_KEYS,
     QUOTA_USAGE,
@@ -23,7 +23,7 @@ from . import (
 )
 
 if TYPE_CHECKING:
-    from ..engines import Engine
+    from ..runtime import Runtime
 
 
 def _version() -> str:
@@ -43,7 +43,7 @@ class OpenTelemetryMetrics:
         self,
         meter_provider: otel.MeterProvider | None = None,
         *,
-        engine: Engine | None = None,
+        engine: Runtime | None = None,
         quota_keys: int = QUOTA_KEYS,
     ) -> None:
         meter = otel.get_meter("durable_django", _version(), meter_provider=meter_provider)

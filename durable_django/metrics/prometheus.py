@@ -29,18 +29,18 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.core import Metric as Family
 from prometheus_client.registry import Collector
 
-from . import (
+from .catalogue import (
     METRICS,
     QUOTA_KEYS,
     QUOTA_USAGE,
     SECONDS_BUCKETS,
     Metric,
-    _active,
+    chosen_libraries,
     observed_usage,
 )
 
 if TYPE_CHECKING:
-    from ..engines import Engine
+    from ..runtime import Runtime
 
 
 class QuotaCollector(Collector):
@@ -48,7 +48,7 @@ class QuotaCollector(Collector):
     quota keys of ``engine`` (the default engine), one grouped count by the store at
     each scrape."""
 
-    def __init__(self, engine: Engine | None = None, limit: int = QUOTA_KEYS) -> None:
+    def __init__(self, engine: Runtime | None = None, limit: int = QUOTA_KEYS) -> None:
         self.engine = engine
         self.limit = limit
 
@@ -78,7 +78,7 @@ class PrometheusMetrics:
         self,
         registry: CollectorRegistry = REGISTRY,
         *,
-        engine: Engine | None = None,
+        engine: Runtime | None = None,
         quota_keys: int = QUOTA_KEYS,
     ) -> None:
         self._metrics: dict[str, Any] = {}
@@ -116,7 +116,7 @@ def multiprocess_mode() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
-def scrape_registry(engine: Engine | None = None) -> CollectorRegistry:
+def scrape_registry(engine: Runtime | None = None) -> CollectorRegistry:
     """The registry to serve: in multiprocess mode a new one reading every process's
     files, with the gauge of quota usage; else prometheus_client's default registry."""
     if not multiprocess_mode():
@@ -130,7 +130,8 @@ def scrape_registry(engine: Engine | None = None) -> CollectorRegistry:
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """``/metrics`` for Prometheus: :func:`scrape_registry` in its text format. Route it
     where only the scraper reaches it (it is not authenticated)."""
-    _active()  # the metrics are registered before the first is recorded
+    if "prometheus" in chosen_libraries():
+        default_metrics()  # the metrics are registered before the first is recorded
     return HttpResponse(generate_latest(scrape_registry()), content_type=CONTENT_TYPE_LATEST)
 
 
