@@ -1,6 +1,7 @@
-"""MariaDB's start in one call: the procedure ``durable_start_run_mariadb_v1`` of migration
-0006, what one ``CALL`` creates or refuses, inside a transaction of the caller's or not,
-with the lock rows of new keys inserted and committed before the start's transaction."""
+"""MariaDB's start in one call: the procedure ``durable_start_run_mariadb_v1`` of
+``stores/mariadb/procedures.sql``, what one ``CALL`` creates or refuses, inside a
+transaction of the caller's or not, with the lock rows of new keys inserted and committed
+before the start's transaction; the file is what the database has."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
 from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.loader import MigrationLoader
 from django.test import override_settings
 
 from durable_django import ConcurrencyLimitError, DurableError
@@ -20,6 +22,8 @@ from durable_django.concurrency import Quota
 from durable_django.models import QuotaLock, Run, RunTag
 from durable_django.records import NewRun
 from durable_django.stores import OrmStore
+from durable_django.stores.mariadb import parse_procedures, procedure_definitions, render
+from durable_django.stores.mariadb.operations import InstallProcedures
 
 from .helpers import statements_sent
 
@@ -28,7 +32,6 @@ mariadb_only = pytest.mark.skipif(not ON_MARIADB, reason="the procedure is Maria
 
 APP = "durable_django"
 PROCEDURE = "durable_start_run_mariadb_v1"
-MIGRATION = (APP, "0007_mariadb_start_procedure")
 ACTIVE = ("pending", "running", "suspended", "blocked")
 
 
@@ -318,6 +321,90 @@ def procedures() -> list[str]:
             "WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME LIKE 'durable%%'"
         )
         return [name for (name,) in cursor.fetchall()]
+
+
+def shown(name: str) -> str:
+    """``name``'s statement as the server shows it, in the file's form: ``CREATE OR
+    REPLACE PROCEDURE name(`` for its ``CREATE DEFINER=... PROCEDURE `name`(``."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SHOW CREATE PROCEDURE {connection.ops.quote_name(name)}")
+        text = str(cursor.fetchone()[2])
+    head, body = text.split("(", 1)
+    assert head.startswith("CREATE DEFINER=") and head.endswith(f" PROCEDURE `{name}`"), head
+    return f"CREATE OR REPLACE PROCEDURE {name}({body}"
+
+
+def rendered(statement: str) -> str:
+    """The file's ``statement`` filled in for this database's columns."""
+
+    def charset_of(table: str, column: str) -> tuple[str, str]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = %s",
+                [table, column],
+            )
+            charset, collation = cursor.fetchone()
+        return charset, collation
+
+    return render(statement, charset_of)
+
+
+@mariadb_only
+@pytest.mark.django_db
+def test_the_database_has_exactly_the_procedures_of_the_file():
+    assert sorted(procedures()) == sorted(procedure_definitions())
+    for name, statement in procedure_definitions().items():
+        assert shown(name) == rendered(statement), name
+
+
+def test_the_migrations_install_every_procedure_of_the_file_once():
+    loader = MigrationLoader(None)
+    names = [
+        name
+        for key in loader.graph.forwards_plan(loader.graph.leaf_nodes(APP)[0])
+        if key[0] == APP
+        for operation in loader.get_migration(*key).operations
+        if isinstance(operation, InstallProcedures)
+        for name in operation.names
+    ]
+    assert names == list(procedure_definitions())
+
+
+BODY = "BEGIN\nEND;"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (f"CREATE OR REPLACE PROCEDURE durable_start() {BODY}", "versioned"),
+        (f"CREATE OR REPLACE PROCEDURE durable_x_v1() {BODY}\n" * 2, "defined twice"),
+        (f"-- one\nCREATE OR REPLACE PROCEDURE durable_x_v1() {BODY}\nDROP TABLE t;", "DROP"),
+        (f"CREATE PROCEDURE durable_x_v1() {BODY}", "not a CREATE OR REPLACE PROCEDURE"),
+    ],
+)
+def test_the_file_holds_versioned_procedures_and_nothing_else(text: str, error: str):
+    with pytest.raises(ValueError, match=error):
+        parse_procedures(text)
+
+
+def test_a_procedure_ends_at_its_unindented_end_and_is_sent_without_its_semicolon():
+    text = (
+        "-- one\n\nCREATE OR REPLACE PROCEDURE durable_x_v2(IN p VARCHAR(9) {charset:t.c})\n"
+        "BEGIN\n    BEGIN\n    END;\n    SELECT '{introducer:t.c} X''41''';\nEND;\n"
+    )
+    (statement,) = parse_procedures(text).values()
+    assert statement.endswith("    END;\n    SELECT '{introducer:t.c} X''41''';\nEND;")
+    assert render(statement, lambda table, column: ("utf8mb4", f"{table}_{column}_bin")) == (
+        "CREATE OR REPLACE PROCEDURE durable_x_v2(IN p VARCHAR(9) "
+        "CHARACTER SET utf8mb4 COLLATE t_c_bin)\n"
+        "BEGIN\n    BEGIN\n    END;\n    SELECT '_utf8mb4 X''41''';\nEND"
+    )
+
+
+def test_an_operation_naming_a_procedure_the_file_does_not_define_is_refused():
+    with pytest.raises(ValueError, match="durable_nothing_v1"):
+        InstallProcedures(["durable_start_run_mariadb_v1", "durable_nothing_v1"])
 
 
 class RefuseDurable:
