@@ -419,15 +419,15 @@ def test_the_migration_installs_the_procedure_reverses_and_honours_the_routers()
     assert procedures() == [PROCEDURE]
     try:
         with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
-            MigrationExecutor(connection).migrate([(APP, "0005_quota_release_notify")])
+            MigrationExecutor(connection).migrate([(APP, "0001_initial")])
             assert procedures() == [PROCEDURE]  # refused: not dropped
             MigrationExecutor(connection).migrate([latest])
-        MigrationExecutor(connection).migrate([(APP, "0005_quota_release_notify")])
+        MigrationExecutor(connection).migrate([(APP, "0001_initial")])
         assert procedures() == []
         with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
             MigrationExecutor(connection).migrate([latest])
             assert procedures() == []  # refused: not installed
-            MigrationExecutor(connection).migrate([(APP, "0005_quota_release_notify")])
+            MigrationExecutor(connection).migrate([(APP, "0001_initial")])
     finally:
         MigrationExecutor(connection).migrate([latest])
     assert procedures() == [PROCEDURE]
