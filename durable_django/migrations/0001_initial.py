@@ -3,6 +3,7 @@
 import django.db.models.deletion
 import django.utils.timezone
 import durable_django.fields
+import durable_django.models
 import durable_django.stores.postgres.operations
 from django.db import migrations, models
 
@@ -74,7 +75,7 @@ class Migration(migrations.Migration):
                 'verbose_name_plural': 'runs',
                 'db_table': 'durable_run',
                 'ordering': ['-created_at'],
-                'indexes': [models.Index(fields=['status', 'created_at'], name='durable_run_status_idx'), models.Index(fields=['workflow', 'status'], name='durable_run_workflow_idx'), models.Index(fields=['namespace', 'status'], name='durable_run_namespace_idx'), models.Index(fields=['created_at'], name='durable_run_created_idx'), models.Index(fields=['status', 'wake_at'], name='durable_run_wake_idx'), models.Index(fields=['status', 'lease_expires_at'], name='durable_run_lease_idx')],
+                'indexes': [models.Index(fields=['status', 'created_at'], name='durable_run_status_idx'), models.Index(fields=['workflow', 'status'], name='durable_run_workflow_idx'), models.Index(fields=['namespace', 'status'], name='durable_run_namespace_idx'), models.Index(fields=['created_at'], name='durable_run_created_idx'), durable_django.models.PartialIndex(fields=['status', 'wake_at'], name='durable_run_wake_idx', where=models.Q(('status__in', ['suspended', 'blocked']))), durable_django.models.PartialIndex(fields=['status', 'lease_expires_at'], name='durable_run_lease_idx', where=models.Q(('status', 'running')))],
                 'constraints': [models.CheckConstraint(condition=models.Q(('status__in', ['pending', 'running', 'suspended', 'blocked', 'completed', 'failed', 'cancelled'])), name='durable_run_status_valid')],
             },
         ),
