@@ -242,7 +242,15 @@ class Step(models.Model):
     """A recorded ``ctx.step``: its position in the body, its name and its outcome."""
 
     # No index of its own: the unique (run, position) constraint's index leads with the run.
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
+    # No foreign key in the database (db_constraint=False): every record of a step is made
+    # under its run's row lock (the share lock of ``durable_record_held_step_v1``, the
+    # update of a transition), which already guarantees the run, so the key's check per
+    # record would only repeat it. Deleting runs locks their rows first too
+    # (``OrmStore.delete_runs`` and ``purge_runs``), and Django deletes their steps with
+    # them (on_delete=CASCADE is Django's, with or without the key).
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="steps", db_index=False, db_constraint=False
+    )
     position = models.PositiveIntegerField()
     name = models.CharField(max_length=200)
     result = models.JSONField(null=True, blank=True)

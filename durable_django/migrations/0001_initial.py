@@ -153,7 +153,7 @@ class Migration(migrations.Migration):
                 ('result', models.JSONField(blank=True, null=True)),
                 ('error', models.JSONField(blank=True, null=True)),
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('run', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='steps', to='durable_django.run')),
+                ('run', models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='steps', to='durable_django.run')),
             ],
             options={
                 'verbose_name': 'step',
