@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
 from django.db.migrations.executor import MigrationExecutor
-from django.db.migrations.loader import MigrationLoader
 from django.test import override_settings
 
 from durable_django import ConcurrencyLimitError, DurableError
@@ -23,7 +22,6 @@ from durable_django.models import QuotaLock, Run, RunTag
 from durable_django.records import NewRun
 from durable_django.stores import OrmStore
 from durable_django.stores.mariadb import parse_procedures, procedure_definitions, render
-from durable_django.stores.mariadb.operations import InstallProcedures
 
 from .helpers import statements_sent
 
@@ -358,36 +356,6 @@ def test_the_database_has_exactly_the_procedures_of_the_file():
         assert shown(name) == rendered(statement), name
 
 
-def test_the_migrations_install_every_procedure_of_the_file_once():
-    loader = MigrationLoader(None)
-    names = [
-        name
-        for key in loader.graph.forwards_plan(loader.graph.leaf_nodes(APP)[0])
-        if key[0] == APP
-        for operation in loader.get_migration(*key).operations
-        if isinstance(operation, InstallProcedures)
-        for name in operation.names
-    ]
-    assert names == list(procedure_definitions())
-
-
-BODY = "BEGIN\nEND;"
-
-
-@pytest.mark.parametrize(
-    ("text", "error"),
-    [
-        (f"CREATE OR REPLACE PROCEDURE durable_start() {BODY}", "versioned"),
-        (f"CREATE OR REPLACE PROCEDURE durable_x_v1() {BODY}\n" * 2, "defined twice"),
-        (f"-- one\nCREATE OR REPLACE PROCEDURE durable_x_v1() {BODY}\nDROP TABLE t;", "DROP"),
-        (f"CREATE PROCEDURE durable_x_v1() {BODY}", "not a CREATE OR REPLACE PROCEDURE"),
-    ],
-)
-def test_the_file_holds_versioned_procedures_and_nothing_else(text: str, error: str):
-    with pytest.raises(ValueError, match=error):
-        parse_procedures(text)
-
-
 def test_a_procedure_ends_at_its_unindented_end_and_is_sent_without_its_semicolon():
     text = (
         "-- one\n\nCREATE OR REPLACE PROCEDURE durable_x_v2(IN p VARCHAR(9) {charset:t.c})\n"
@@ -400,11 +368,6 @@ def test_a_procedure_ends_at_its_unindented_end_and_is_sent_without_its_semicolo
         "CHARACTER SET utf8mb4 COLLATE t_c_bin)\n"
         "BEGIN\n    BEGIN\n    END;\n    SELECT '_utf8mb4 X''41''';\nEND"
     )
-
-
-def test_an_operation_naming_a_procedure_the_file_does_not_define_is_refused():
-    with pytest.raises(ValueError, match="durable_nothing_v1"):
-        InstallProcedures(["durable_start_run_mariadb_v1", "durable_nothing_v1"])
 
 
 class RefuseDurable:

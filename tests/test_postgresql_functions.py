@@ -11,11 +11,9 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
-from django.db.migrations.loader import MigrationLoader
 from django.test import override_settings
 
 from durable_django.stores.postgres import function_definitions, parse_functions
-from durable_django.stores.postgres.operations import InstallFunctions
 
 postgresql_only = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="the functions are PostgreSQL's"
@@ -125,45 +123,11 @@ def test_other_databases_get_no_function():
     assert "FUNCTION" not in out.getvalue()
 
 
-def test_the_migrations_install_every_function_of_the_file_once():
-    loader = MigrationLoader(None)
-    names = [
-        name
-        for key in loader.graph.forwards_plan(loader.graph.leaf_nodes(APP)[0])
-        if key[0] == APP
-        for operation in loader.get_migration(*key).operations
-        if isinstance(operation, InstallFunctions)
-        for name in operation.names
-    ]
-    assert names == list(function_definitions())
-
-
-BODY = "AS $$\nBEGIN\nEND\n$$;"
-
-
-@pytest.mark.parametrize(
-    ("text", "error"),
-    [
-        (f"CREATE OR REPLACE FUNCTION durable_start_run() RETURNS void {BODY}", "versioned"),
-        (f"CREATE OR REPLACE FUNCTION durable_x_v1() {BODY}\n" * 2, "defined twice"),
-        (f"-- a comment\nCREATE OR REPLACE FUNCTION durable_x_v1() {BODY}\nDROP TABLE t;", "DROP"),
-    ],
-)
-def test_the_file_holds_versioned_functions_and_nothing_else(text: str, error: str):
-    with pytest.raises(ValueError, match=error):
-        parse_functions(text)
-
-
 def test_the_file_is_read_whole():
     text = "-- one\n\nCREATE OR REPLACE FUNCTION durable_x_v2(p integer) RETURNS void AS $$\n$$;\n"
     assert parse_functions(text) == {
         "durable_x_v2": "CREATE OR REPLACE FUNCTION durable_x_v2(p integer) RETURNS void AS $$\n$$;"
     }
-
-
-def test_an_operation_naming_a_function_the_file_does_not_define_is_refused():
-    with pytest.raises(ValueError, match="durable_nothing_v1"):
-        InstallFunctions(["durable_start_run_v2", "durable_nothing_v1"])
 
 
 # the start functions side by side ----------------------------------------------------
