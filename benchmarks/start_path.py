@@ -73,12 +73,6 @@ QUOTA_TAGS = [
     HISTORY_TAG,
     *(f"concurrency:{key}" for key in [*MULTI_KEYS, WEIGHTED_KEY]),
 ]
-#: The start of the previous release, one call of ``durable_start_run_v1`` (one quota,
-#: unweighted), to compare the start of this one with.
-START_V1_SQL = (
-    "SELECT outcome, active, found_workflow, found_namespace FROM durable_start_run_v1("
-    "%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s, %s, %s, %s::text[], %s, %s)"
-)
 ACTIVE = ["pending", "running", "suspended", "blocked"]
 
 
@@ -414,8 +408,7 @@ def measure_batches(
     inline,
 ) -> None:
     """Batches of ``--batch-size`` starts under one quota key: ``dispatch_many`` (one call
-    of ``durable_start_runs_v2``, the messages sent together on commit; and of the
-    previous release's ``durable_start_runs_v1``) against
+    of ``durable_start_runs_v2``, the messages sent together on commit) against
     Procrastinate's ``batch_defer`` (one INSERT of the jobs, in a database of its own),
     and against as many single starts. Measured in rounds like the starts; the ratio is the
     median of the per-round ratios of runs per second."""
@@ -429,30 +422,11 @@ def measure_batches(
         for input in inputs:
             fast.start("bench.quota", input)
 
-    def previous_function(start: Callable[[], object]) -> Callable[[], object]:
-        """``start`` calling the batch start of the previous release,
-        ``durable_start_runs_v1`` (``durable_start_run_v2`` per element)."""
-        from durable_django.stores import orm
-
-        def run() -> object:
-            current = orm._START_MANY_SQL
-            orm._START_MANY_SQL = current.replace("durable_start_runs_v2", "durable_start_runs_v1")
-            try:
-                return start()
-            finally:
-                orm._START_MANY_SQL = current
-
-        return run
-
     variants = {
         "dm": Variant("dispatch_many, quota", lambda: fast.start_many("bench.quota", inputs)),
         "dmi": Variant(
             "   dispatch_many, sent inline",
             lambda: inline.start_many("bench.quota", inputs),
-        ),
-        "dm1": Variant(
-            "   previous: dispatch_many",
-            previous_function(lambda: fast.start_many("bench.quota", inputs)),
         ),
         "pt": Variant(
             "   portable: dispatch_many", lambda: portable.start_many("bench.quota", inputs)
@@ -519,8 +493,6 @@ def measure_batches(
     for top, bottom, goal in (
         ("dm", "proc", 1.0),
         ("dmi", "proc", None),
-        ("dm1", "proc", None),
-        ("dm", "dm1", None),
         ("np", "proc", None),
         ("dm", "loop", None),
     ):
@@ -601,39 +573,6 @@ def main() -> None:
     three = [Concurrency(key=lambda i, key=key: key, limit=1_000_000) for key in MULTI_KEYS]
     weighted = Concurrency(key=lambda i: WEIGHTED_KEY, limit=1_000_000, weight=lambda i: 3)
 
-    class PreviousStart(OrmStore):
-        """The start of the previous release: ``durable_start_run_v1``, one quota."""
-
-        def _start_on_postgresql(self, run, quotas, check_existing, read_namespace):
-            import json
-
-            from django.core.serializers.json import DjangoJSONEncoder
-
-            from durable_django.records import StartOutcome
-
-            (quota,) = quotas
-            params = (
-                run.run_id,
-                check_existing,
-                run.workflow,
-                run.version,
-                run.namespace,
-                json.dumps(run.input, cls=DjangoJSONEncoder),
-                list(run.tags),
-                run.queue,
-                run.parent_id,
-                run.attempt,
-                quota.key,
-                list(quota.count_statuses),
-                quota.limit,
-                read_namespace,
-            )
-            with connection.cursor() as cursor:
-                cursor.execute(START_V1_SQL, params)
-                outcome, _, _, _ = cursor.fetchone()
-            assert outcome == "created", outcome
-            return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
-
     def engine(
         *, fast_path: bool = True, enqueue: bool = True, store=None, publish: str = "background"
     ) -> Engine:
@@ -664,7 +603,6 @@ def main() -> None:
             first_start._STARTED.add(connection.connection)
             return super()._start_on_postgresql(run, quotas, check_existing, read_namespace)
 
-    previous = engine(store=PreviousStart())
     function_first = engine(store=FunctionFirst())
     fast.register("bench.plain", "1", noop, tags=["bench"])
     fast.register("bench.quota", "1", noop, concurrency=quota)
@@ -734,10 +672,6 @@ def main() -> None:
         "m": Variant("m  start, 3 quotas", lambda: fast.start("bench.three", INPUT_SMALL)),
         "w": Variant(
             "w  start, quota, weight 3", lambda: fast.start("bench.weighted", INPUT_SMALL)
-        ),
-        "b1": Variant(
-            "b1 start, quota, previous function",
-            lambda: previous.start("bench.quota", INPUT_SMALL),
         ),
         "pa": Variant("   portable: no quota", lambda: portable.start("bench.plain", INPUT_SMALL)),
         "pb": Variant("   portable: quota", lambda: portable.start("bench.quota", INPUT_SMALL)),
@@ -926,7 +860,6 @@ def main() -> None:
         ("bt", "b", None),
         ("m", "b", "<= 1.3"),
         ("w", "b", "<= 1.05"),
-        ("b", "b1", "<= 1.05"),
         ("pb", "pa", None),
         ("pc", "pb", None),
         ("pm", "pb", None),

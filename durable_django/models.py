@@ -33,6 +33,32 @@ def model_field(model: type[models.Model], name: str, kind: type[_Field]) -> _Fi
     return field
 
 
+class PartialIndex(models.Index):
+    """An index of ``fields`` holding only the rows that match ``where`` on a database
+    with partial indexes (PostgreSQL, SQLite), and every row elsewhere (MySQL, MariaDB).
+
+    Django's ``Index(condition=...)`` does the same, but warns on every ``migrate`` of a
+    MariaDB database (``models.W037``); this one says so here instead. A row whose status
+    the index does not hold writes no entry of it: a status change costs one index entry
+    less per such index.
+    """
+
+    def __init__(self, *, fields: Sequence[str], name: str, where: Q) -> None:
+        super().__init__(fields=fields, name=name)
+        self.where = where
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        partial = schema_editor.connection.features.supports_partial_indexes
+        made = models.Index(
+            fields=self.fields, name=self.name, condition=self.where if partial else None
+        )
+        return made.create_sql(model, schema_editor, using=using, **kwargs)
+
+    def deconstruct(self) -> Any:
+        path, args, kwargs = super().deconstruct()
+        return path, args, {**kwargs, "where": self.where}
+
+
 class RunQuerySet(models.QuerySet["Run"]):
     """Domain filters on runs."""
 
@@ -101,8 +127,19 @@ class Run(models.Model):
             models.Index(fields=["workflow", "status"], name="durable_run_workflow_idx"),
             models.Index(fields=["namespace", "status"], name="durable_run_namespace_idx"),
             models.Index(fields=["created_at"], name="durable_run_created_idx"),
-            models.Index(fields=["status", "wake_at"], name="durable_run_wake_idx"),
-            models.Index(fields=["status", "lease_expires_at"], name="durable_run_lease_idx"),
+            # The tick's searches (``OrmStore.due_runs``): the runs due to wake, the
+            # running runs whose lease lapsed. Partial on those statuses, so that the
+            # other status changes of a run (its claim, its end) write no entry of them.
+            PartialIndex(
+                fields=["status", "wake_at"],
+                name="durable_run_wake_idx",
+                where=Q(status__in=[RunStatus.SUSPENDED, RunStatus.BLOCKED]),
+            ),
+            PartialIndex(
+                fields=["status", "lease_expires_at"],
+                name="durable_run_lease_idx",
+                where=Q(status=RunStatus.RUNNING),
+            ),
         ]
         constraints = [
             models.CheckConstraint(
@@ -215,7 +252,15 @@ class Step(models.Model):
     """A recorded ``ctx.step``: its position in the body, its name and its outcome."""
 
     # No index of its own: the unique (run, position) constraint's index leads with the run.
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
+    # No foreign key in the database (db_constraint=False): every record of a step is made
+    # under its run's row lock (the share lock of ``durable_record_held_step_v1``, the
+    # update of a transition), which already guarantees the run, so the key's check per
+    # record would only repeat it. Deleting runs locks their rows first too
+    # (``OrmStore.delete_runs`` and ``purge_runs``), and Django deletes their steps with
+    # them (on_delete=CASCADE is Django's, with or without the key).
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="steps", db_index=False, db_constraint=False
+    )
     position = models.PositiveIntegerField()
     name = models.CharField(max_length=limits.STEP_NAME)
     result = models.JSONField(null=True, blank=True)

@@ -114,3 +114,22 @@ def statements_sent() -> Iterator[list[str]]:
 
     with connection.execute_wrapper(spy):
         yield sent
+
+
+# the migrations ------------------------------------------------------------------------
+
+
+def routines_installed(operation: type) -> list[str]:
+    """The routines that durable_django's migrations install with operations of class
+    ``operation`` (``InstallFunctions``, ``InstallProcedures``), in the migrations' order."""
+    from django.db.migrations.loader import MigrationLoader
+
+    loader = MigrationLoader(None)
+    return [
+        name
+        for key in loader.graph.forwards_plan(loader.graph.leaf_nodes("durable_django")[0])
+        if key[0] == "durable_django"
+        for step in loader.get_migration(*key).operations
+        if isinstance(step, operation)
+        for name in step.names
+    ]

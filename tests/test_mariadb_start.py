@@ -1,6 +1,7 @@
-"""MariaDB's start in one call: the procedure ``durable_start_run_mariadb_v1`` of migration
-0006, what one ``CALL`` creates or refuses, inside a transaction of the caller's or not,
-with the lock rows of new keys inserted and committed before the start's transaction."""
+"""MariaDB's start in one call: the procedure ``durable_start_run_mariadb_v1`` of
+``stores/mariadb/procedures.sql``, what one ``CALL`` creates or refuses, inside a
+transaction of the caller's or not, with the lock rows of new keys inserted and committed
+before the start's transaction; the file is what the database has."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from durable_django.concurrency import Quota
 from durable_django.models import QuotaLock, Run, RunTag
 from durable_django.records import NewRun
 from durable_django.stores import OrmStore
+from durable_django.stores.mariadb import parse_procedures, procedure_definitions, render
 
 from .helpers import statements_sent
 
@@ -28,7 +30,6 @@ mariadb_only = pytest.mark.skipif(not ON_MARIADB, reason="the procedure is Maria
 
 APP = "durable_django"
 PROCEDURE = "durable_start_run_mariadb_v1"
-MIGRATION = (APP, "0007_mariadb_start_procedure")
 ACTIVE = ("pending", "running", "suspended", "blocked")
 
 
@@ -320,6 +321,55 @@ def procedures() -> list[str]:
         return [name for (name,) in cursor.fetchall()]
 
 
+def shown(name: str) -> str:
+    """``name``'s statement as the server shows it, in the file's form: ``CREATE OR
+    REPLACE PROCEDURE name(`` for its ``CREATE DEFINER=... PROCEDURE `name`(``."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SHOW CREATE PROCEDURE {connection.ops.quote_name(name)}")
+        text = str(cursor.fetchone()[2])
+    head, body = text.split("(", 1)
+    assert head.startswith("CREATE DEFINER=") and head.endswith(f" PROCEDURE `{name}`"), head
+    return f"CREATE OR REPLACE PROCEDURE {name}({body}"
+
+
+def rendered(statement: str) -> str:
+    """The file's ``statement`` filled in for this database's columns."""
+
+    def charset_of(table: str, column: str) -> tuple[str, str]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = %s",
+                [table, column],
+            )
+            charset, collation = cursor.fetchone()
+        return charset, collation
+
+    return render(statement, charset_of)
+
+
+@mariadb_only
+@pytest.mark.django_db
+def test_the_database_has_exactly_the_procedures_of_the_file():
+    assert sorted(procedures()) == sorted(procedure_definitions())
+    for name, statement in procedure_definitions().items():
+        assert shown(name) == rendered(statement), name
+
+
+def test_a_procedure_ends_at_its_unindented_end_and_is_sent_without_its_semicolon():
+    text = (
+        "-- one\n\nCREATE OR REPLACE PROCEDURE durable_x_v2(IN p VARCHAR(9) {charset:t.c})\n"
+        "BEGIN\n    BEGIN\n    END;\n    SELECT '{introducer:t.c} X''41''';\nEND;\n"
+    )
+    (statement,) = parse_procedures(text).values()
+    assert statement.endswith("    END;\n    SELECT '{introducer:t.c} X''41''';\nEND;")
+    assert render(statement, lambda table, column: ("utf8mb4", f"{table}_{column}_bin")) == (
+        "CREATE OR REPLACE PROCEDURE durable_x_v2(IN p VARCHAR(9) "
+        "CHARACTER SET utf8mb4 COLLATE t_c_bin)\n"
+        "BEGIN\n    BEGIN\n    END;\n    SELECT '_utf8mb4 X''41''';\nEND"
+    )
+
+
 class RefuseDurable:
     def allow_migrate(self, db: str, app_label: str, **hints: object) -> bool | None:
         return False if app_label == APP else None
@@ -332,15 +382,15 @@ def test_the_migration_installs_the_procedure_reverses_and_honours_the_routers()
     assert procedures() == [PROCEDURE]
     try:
         with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
-            MigrationExecutor(connection).migrate([(APP, "0005_quota_release_notify")])
+            MigrationExecutor(connection).migrate([(APP, "0001_initial")])
             assert procedures() == [PROCEDURE]  # refused: not dropped
             MigrationExecutor(connection).migrate([latest])
-        MigrationExecutor(connection).migrate([(APP, "0005_quota_release_notify")])
+        MigrationExecutor(connection).migrate([(APP, "0001_initial")])
         assert procedures() == []
         with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
             MigrationExecutor(connection).migrate([latest])
             assert procedures() == []  # refused: not installed
-            MigrationExecutor(connection).migrate([(APP, "0005_quota_release_notify")])
+            MigrationExecutor(connection).migrate([(APP, "0001_initial")])
     finally:
         MigrationExecutor(connection).migrate([latest])
     assert procedures() == [PROCEDURE]

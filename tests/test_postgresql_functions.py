@@ -11,29 +11,18 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
-from django.db.migrations.loader import MigrationLoader
 from django.test import override_settings
 
 from durable_django.stores.postgres import function_definitions, parse_functions
-from durable_django.stores.postgres.operations import InstallFunctions
 
 postgresql_only = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="the functions are PostgreSQL's"
 )
 
 APP = "durable_django"
-FUNCTIONS_MIGRATION = (APP, "0002_postgresql_functions")
 #: Every migration installing functions, in order; the last of them is the app's latest
 #: migration and leaves them all installed.
-FUNCTIONS_MIGRATIONS = [
-    FUNCTIONS_MIGRATION,
-    (APP, "0003_quota_weights"),
-    (APP, "0004_start_runs_function"),
-    (APP, "0005_quota_release_notify"),
-    (APP, "0007_mariadb_start_procedure"),  # MariaDB's procedure; nothing on PostgreSQL
-    (APP, "0008_start_runs_set_based"),
-    (APP, "0009_record_held_step_and_commit"),
-]
+FUNCTIONS_MIGRATIONS = [(APP, "0002_routines")]
 LATEST = FUNCTIONS_MIGRATIONS[-1]
 
 
@@ -96,9 +85,8 @@ def test_the_functions_migration_reverses_and_honours_the_routers():
     schema = current_schema()
     assert sorted(installed(schema)) == names
     # Everything below is rolled back with the test's transaction. A migration refused
-    # by the routers changes nothing, 0003's column included: a refused migration back
-    # is followed by a refused one forward, which brings the recorded state and the
-    # schema back in step.
+    # by the routers changes nothing: a refused migration back is followed by a refused
+    # one forward, which brings the recorded state and the schema back in step.
     with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
         migrate((APP, "0001_initial"))
         assert sorted(installed(schema)) == names  # refused: not dropped
@@ -109,12 +97,6 @@ def test_the_functions_migration_reverses_and_honours_the_routers():
         migrate(LATEST)
         assert installed(schema) == {}  # refused: not installed
         migrate((APP, "0001_initial"))
-    migrate(FUNCTIONS_MIGRATION)
-    assert "durable_start_run_v1" in installed(schema)
-    assert "durable_start_run_v2" not in installed(schema)
-    migrate((APP, "0003_quota_weights"))
-    assert "durable_start_run_v2" in installed(schema)
-    assert "durable_start_runs_v1" not in installed(schema)
     migrate(LATEST)
     assert sorted(installed(schema)) == names
 
@@ -141,35 +123,6 @@ def test_other_databases_get_no_function():
     assert "FUNCTION" not in out.getvalue()
 
 
-def test_the_migrations_install_every_function_of_the_file_once():
-    loader = MigrationLoader(None)
-    names = [
-        name
-        for key in loader.graph.forwards_plan(loader.graph.leaf_nodes(APP)[0])
-        if key[0] == APP
-        for operation in loader.get_migration(*key).operations
-        if isinstance(operation, InstallFunctions)
-        for name in operation.names
-    ]
-    assert names == list(function_definitions())
-
-
-BODY = "AS $$\nBEGIN\nEND\n$$;"
-
-
-@pytest.mark.parametrize(
-    ("text", "error"),
-    [
-        (f"CREATE OR REPLACE FUNCTION durable_start_run() RETURNS void {BODY}", "versioned"),
-        (f"CREATE OR REPLACE FUNCTION durable_x_v1() {BODY}\n" * 2, "defined twice"),
-        (f"-- a comment\nCREATE OR REPLACE FUNCTION durable_x_v1() {BODY}\nDROP TABLE t;", "DROP"),
-    ],
-)
-def test_the_file_holds_versioned_functions_and_nothing_else(text: str, error: str):
-    with pytest.raises(ValueError, match=error):
-        parse_functions(text)
-
-
 def test_the_file_is_read_whole():
     text = "-- one\n\nCREATE OR REPLACE FUNCTION durable_x_v2(p integer) RETURNS void AS $$\n$$;\n"
     assert parse_functions(text) == {
@@ -177,19 +130,9 @@ def test_the_file_is_read_whole():
     }
 
 
-def test_an_operation_naming_a_function_the_file_does_not_define_is_refused():
-    with pytest.raises(ValueError, match="durable_nothing_v1"):
-        InstallFunctions(["durable_start_run_v1", "durable_nothing_v1"])
-
-
 # the start functions side by side ----------------------------------------------------
 
 ACTIVE = ["pending", "running", "suspended", "blocked"]
-START_V1 = (
-    "SELECT outcome, active FROM durable_start_run_v1("
-    "%s, false, 'wf', '1', 'default', '{}'::jsonb, %s::text[], '', NULL, 1, %s, %s::text[], "
-    "%s, NULL)"
-)
 START_V2 = (
     "SELECT outcome, refused, active FROM durable_start_run_v2("
     "%s, false, 'wf', '1', 'default', '{}'::jsonb, %s::text[], '', NULL, 1, %s::text[], "
@@ -212,25 +155,6 @@ def start_v2(run_id: str, quotas: list[tuple[str, int, int]]) -> tuple[str, int 
             ],
         )
         return cursor.fetchone()
-
-
-@postgresql_only
-@pytest.mark.django_db
-def test_the_previous_start_function_still_starts_runs_that_weigh_one():
-    """A worker of the previous release, mid-deploy, calls durable_start_run_v1: its runs
-    count as one unit each for the new function, and its count sees theirs."""
-    from durable_django.models import RunTag
-
-    with connection.cursor() as cursor:
-        cursor.execute(START_V1, ["old-1", ["concurrency:k"], "k", ACTIVE, 3])
-        assert cursor.fetchone() == ("created", 0)
-    assert RunTag.objects.get(run_id="old-1").weight == 1
-    assert start_v2("new-1", [("k", 3, 2)]) == ("created", None, 1)
-    assert start_v2("new-2", [("j", 9, 1), ("k", 3, 1)]) == ("refused", 2, 3)
-    with connection.cursor() as cursor:
-        # The previous function counts runs, not units: it sees 2 runs under limit 3.
-        cursor.execute(START_V1, ["old-2", ["concurrency:k"], "k", ACTIVE, 3])
-        assert cursor.fetchone() == ("created", 2)
 
 
 @postgresql_only
@@ -299,9 +223,51 @@ def element(
     }
 
 
+#: The batch decided element by element, the reference of the set-based function: every key
+#: locked first, then one ``durable_start_run_v2`` per element, in order.
+EACH = "each"
+START_ONE = (
+    "SELECT outcome, refused, active, found_workflow, found_namespace FROM "
+    "durable_start_run_v2(%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s, %s, %s::text[], "
+    "%s::integer[], %s::integer[], %s::text[], %s)"
+)
+
+
+def start_each(cursor, batch: list[dict], read_namespace: str | None) -> list[tuple]:
+    """The rows of :data:`EACH` for ``batch``."""
+    keys = [key for item in batch for key in item["keys"]]
+    if keys:
+        cursor.execute("SELECT durable_lock_quota_keys_v1(%s::text[])", [keys])
+    rows = []
+    for position, item in enumerate(batch, 1):
+        cursor.execute(
+            START_ONE,
+            [
+                item["id"],
+                item["check_existing"],
+                item["workflow"],
+                item["version"],
+                item["namespace"],
+                json.dumps(item["input"]),
+                item["tags"],
+                item["queue"],
+                item.get("parent_id"),
+                item["attempt"],
+                item["keys"],
+                item["limits"],
+                item["weights"],
+                [list(row) for row in item["statuses"]],
+                read_namespace,
+            ],
+        )
+        rows.append((position, *cursor.fetchone()))
+    return rows
+
+
 def start_runs(function: str, batch: list[dict], read_namespace: str | None) -> dict:
-    """What ``function`` does with ``batch``, undone afterwards: its rows, the runs and tag
-    rows of the batch's ids as they are after it, and their ``(created_at, updated_at)``."""
+    """What ``function`` (or :data:`EACH`) does with ``batch``, undone afterwards: its rows,
+    the runs and tag rows of the batch's ids as they are after it, and their
+    ``(created_at, updated_at)``."""
     from django.db import transaction
 
     ids = sorted({item["id"] for item in batch})
@@ -311,10 +277,13 @@ def start_runs(function: str, batch: list[dict], read_namespace: str | None) -> 
 
     try:
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                START_RUNS.format(function=function), [json.dumps(batch), read_namespace]
-            )
-            rows = cursor.fetchall()
+            if function == EACH:
+                rows = start_each(cursor, batch, read_namespace)
+            else:
+                cursor.execute(
+                    START_RUNS.format(function=function), [json.dumps(batch), read_namespace]
+                )
+                rows = cursor.fetchall()
             cursor.execute(
                 f"SELECT {RUN_COLUMNS} FROM durable_run WHERE id = ANY(%s) ORDER BY id", [ids]
             )
@@ -389,7 +358,7 @@ def hold_the_mixed_batchs_keys() -> None:
 @pytest.mark.parametrize("read_namespace", [None, "default"])
 def test_the_set_based_batch_start_decides_as_the_per_element_one(read_namespace):
     hold_the_mixed_batchs_keys()
-    before = start_runs("durable_start_runs_v1", MIXED_BATCH, read_namespace)
+    before = start_runs(EACH, MIXED_BATCH, read_namespace)
     after = start_runs("durable_start_runs_v2", MIXED_BATCH, read_namespace)
     assert after["rows"] == before["rows"]
     assert after["runs"] == before["runs"]
@@ -436,7 +405,7 @@ def test_the_set_based_batch_start_decides_as_the_per_element_one(read_namespace
 @pytest.mark.django_db
 def test_an_id_the_set_based_insert_meets_is_decided_element_by_element():
     """A run holds an id that no element naming it looks for: the insert meets it, and the
-    batch is decided again per element, as durable_start_runs_v1 decides it."""
+    batch is decided again per element, as the reference decides it."""
     hold_the_mixed_batchs_keys()
     batch = [
         element("y1", [("a", 4, 1, ALL)]),
@@ -444,7 +413,7 @@ def test_an_id_the_set_based_insert_meets_is_decided_element_by_element():
         element("y2", [("a", 4, 1, ALL)]),
         element("y3", [("a", 4, 1, ALL)]),
     ]
-    before = start_runs("durable_start_runs_v1", batch, None)
+    before = start_runs(EACH, batch, None)
     after = start_runs("durable_start_runs_v2", batch, None)
     assert [row[1:4] for row in before["rows"]] == [
         ("created", None, 2),
@@ -472,7 +441,7 @@ def test_an_id_the_set_based_insert_meets_is_decided_element_by_element():
 def test_the_set_based_batch_start_refuses_what_its_callers_must_not_send(batch, message):
     from django.db import DatabaseError
 
-    for function in ("durable_start_runs_v1", "durable_start_runs_v2"):
+    for function in (EACH, "durable_start_runs_v2"):
         with pytest.raises(DatabaseError, match=message):
             start_runs(function, batch, None)
 
@@ -512,7 +481,7 @@ def test_the_set_based_batch_start_decides_random_batches_as_the_per_element_one
             first = next(other for other in batch if other["id"] == item["id"])
             item["namespace"] = first["namespace"]
         read_namespace = draw.choice([None, "default"])
-        before = start_runs("durable_start_runs_v1", batch, read_namespace)
+        before = start_runs(EACH, batch, read_namespace)
         after = start_runs("durable_start_runs_v2", batch, read_namespace)
         assert after["rows"] == before["rows"], trial
         assert after["runs"] == before["runs"], trial
@@ -524,7 +493,7 @@ def test_the_set_based_batch_start_decides_random_batches_as_the_per_element_one
 def test_the_set_based_batch_start_counts_each_key_once_from_the_index():
     """A batch of 40 elements under one key: its units are counted once per status, each
     an index search on (tag, status) (auto_explain shows the plans of the function's
-    statements), where durable_start_runs_v1 counts once per element."""
+    statements), where the element-by-element reference counts once per element."""
     from django.db import DatabaseError, transaction
 
     for n in range(30):

@@ -3,10 +3,10 @@
 Each operation takes one of these paths:
 
 - on PostgreSQL (``fast_path=True``, the default), one call of a function of
-  ``stores/postgres/functions.sql``, installed by migrations 0002 to 0005 and 0008: a start
+  ``stores/postgres/functions.sql``, installed by migration 0002_routines: a start
   (``durable_start_run_v2``: the advisory lock of each quota key, the existing-run check,
-  the weighted counts and the inserts), a batch of starts (``durable_start_runs_v2``,
-  migration 0008: every key of the batch locked in byte order, each key's units counted
+  the weighted counts and the inserts), a batch of starts (``durable_start_runs_v2``:
+  every key of the batch locked in byte order, each key's units counted
   once, the elements decided in order, one insert of the runs and one of their tags), a
   claim that also returns the run and its recorded steps (``durable_claim_run_v1``), a
   step's record with the check that the worker still holds the run
@@ -17,8 +17,9 @@ Each operation takes one of these paths:
   (``stores/postgres/first_start.py``, one round trip): a new server process plans them faster than
   it compiles the function;
 - on MariaDB (``fast_path=True``), ``start_run`` is one ``CALL`` of the stored procedure
-  ``durable_start_run_mariadb_v1`` (migration 0007): the portable start's steps below,
-  under the same lock rows, in one round trip (:meth:`OrmStore._start_on_mariadb`);
+  ``durable_start_run_mariadb_v1`` (``stores/mariadb/procedures.sql``): the portable
+  start's steps below, under the same lock rows, in one round trip
+  (:meth:`OrmStore._start_on_mariadb`);
 - elsewhere (SQLite, MySQL, and on MariaDB everything but ``start_run``), and for what
   no function covers (a step's record replacing a failed one, a claim or a transition
   setting other columns), the portable path: the ORM's queries in one transaction; a
@@ -403,7 +404,7 @@ class OrmStore(BaseStore):
         check_existing: bool,
         read_namespace: str | None,
     ) -> StartOutcome:
-        """One ``CALL`` of the procedure ``durable_start_run_mariadb_v1`` (migration 0007),
+        """One ``CALL`` of the procedure ``durable_start_run_mariadb_v1`` (``procedures.sql``),
         which takes the portable start's steps under the same locks (:meth:`_row_lock`).
 
         Outside a transaction of the caller's the procedure runs its own transaction,
@@ -1440,7 +1441,7 @@ def units_query(
     return [int(sum(found.get((tag, status), 0) for status in s)) for tag, s in wanted]
 
 
-#: The call of MariaDB's start procedure (migration 0007).
+#: The call of MariaDB's start procedure (``stores/mariadb/procedures.sql``).
 _MARIADB_START_SQL = f"CALL durable_start_run_mariadb_v1({', '.join(['%s'] * 15)})"
 
 

@@ -1,18 +1,18 @@
 -- The PostgreSQL functions of durable_django's ORM store: the only copy of their code.
 --
--- Migration 0002_postgresql_functions installs them, on PostgreSQL databases the database
--- routers let durable_django migrate, with the operation
+-- Migration 0002_routines installs them, on PostgreSQL databases the database routers
+-- let durable_django migrate, with the operation
 -- durable_django.stores.postgres.operations.InstallFunctions. OrmStore calls them by name
 -- on its PostgreSQL fast path; other databases take the store's portable ORM path.
 --
 -- Versioned names. Every function's name ends with its version: _v1, _v2, ... Once
--- released, a version never changes, not its arguments, its result, its settings nor its
--- body. A change is a new version added to this file beside the old one, installed by a new
--- migration (InstallFunctions naming it) and called by the store from then on. During a
--- rolling deploy the workers of the previous release, which call the old version, keep
--- working until they are replaced. An old version stays in this file, installed, until the
--- migrations are squashed (a major release), when it leaves the file together with the
--- migration that installed it.
+-- released (from 0.1.0 on), a version never changes, not its arguments, its result, its
+-- settings nor its body. A change is a new version added to this file beside the old
+-- one, installed by a new migration (InstallFunctions naming it) and called by the store
+-- from then on. During a rolling deploy the workers of the previous release, which call
+-- the old version, keep working until they are replaced. An old version stays in this
+-- file, installed, until the migrations are squashed (a major release), when it leaves
+-- the file together with the migration that installed it.
 --
 -- The form, which durable_django.stores.postgres reads: nothing but comments and
 -- "CREATE OR REPLACE FUNCTION durable_<name>_v<N>(" statements, each with a dollar-quoted
@@ -22,124 +22,13 @@
 
 
 -- The transaction-scoped advisory lock that serialises the starts of quota key p_key:
--- durable_start_run_v1 takes it, and so does the portable start path on PostgreSQL
+-- durable_start_run_v2 takes it, and so does the portable start path on PostgreSQL
 -- (OrmStore.quota_lock), so the two serialise against each other. Every version of the
 -- start must take this same lock, or starts of two releases would count at once.
 CREATE OR REPLACE FUNCTION durable_lock_quota_key_v1(p_key text) RETURNS void
 LANGUAGE sql VOLATILE
 AS $$
     SELECT pg_advisory_xact_lock(hashtextextended('durable_django:' || p_key, 0));
-$$;
-
-
--- One start in one call: the key's lock, the existing-run check, the count of the key's
--- runs in p_statuses (in p_read_namespace when given) against p_limit, and the inserts of
--- the run and its tags. Returns one row: outcome 'created', 'exists' (with the existing
--- run's workflow and namespace) or 'refused' (with the count).
---
--- PL/pgSQL takes a fresh snapshot for each statement of a volatile function at READ
--- COMMITTED, so the count sees every run committed before the lock was granted.
---
--- The count is a UNION ALL of one branch per status, tag = K AND status = S: both columns
--- are the search key of the index on (tag, status, namespace), so it reads only the key's
--- runs in the counted statuses, never its finished history, whatever the planner's
--- statistics say (with status = ANY(...) the planner reads every index entry of a key whose
--- runs came after the last ANALYZE). One statement, so one snapshot. p_statuses holds at
--- most the seven statuses, each once; the branches past its end compare with NULL and read
--- nothing.
---
--- The statements are planned once per connection, and these settings make that safe:
--- plan_cache_mode = force_generic_plan (one plan, kept until the tables' statistics
--- change); enable_seqscan = off and max_parallel_workers_per_gather = 0 (a generic plan is
--- made from estimates that may say "every row": under these the count searches the index);
--- jit = off (an estimate of millions must not make PostgreSQL compile a count that reads a
--- handful of index entries).
-CREATE OR REPLACE FUNCTION durable_start_run_v1(
-    p_id text,
-    p_check_existing boolean,
-    p_workflow text,
-    p_version text,
-    p_namespace text,
-    p_input jsonb,
-    p_tags text[],
-    p_queue text,
-    p_parent_id text,
-    p_attempt integer,
-    p_key text,
-    p_statuses text[],
-    p_limit integer,
-    p_read_namespace text
-) RETURNS TABLE(outcome text, active integer, found_workflow text, found_namespace text)
-LANGUAGE plpgsql VOLATILE
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-SET max_parallel_workers_per_gather = 0
-SET jit = off
-AS $$
-DECLARE
-    v_active integer := 0;
-    v_now timestamptz := clock_timestamp();
-    v_tag text;
-BEGIN
-    IF p_key IS NOT NULL THEN
-        PERFORM durable_lock_quota_key_v1(p_key);
-    END IF;
-    IF p_check_existing THEN
-        RETURN QUERY SELECT 'exists'::text, 0, r.workflow::text, r.namespace::text
-            FROM durable_run r WHERE r.id = p_id;
-        IF FOUND THEN
-            RETURN;
-        END IF;
-    END IF;
-    IF p_key IS NOT NULL THEN
-        IF cardinality(p_statuses) > 7 THEN
-            RAISE EXCEPTION 'durable_start_run_v1 counts at most 7 distinct statuses';
-        END IF;
-        v_tag := 'concurrency:' || p_key;
-        SELECT count(*) INTO v_active FROM (
-            SELECT 1 FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[1]
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-            UNION ALL
-            SELECT 1 FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[2]
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-            UNION ALL
-            SELECT 1 FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[3]
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-            UNION ALL
-            SELECT 1 FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[4]
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-            UNION ALL
-            SELECT 1 FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[5]
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-            UNION ALL
-            SELECT 1 FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[6]
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-            UNION ALL
-            SELECT 1 FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[7]
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-        ) AS counted;
-        IF v_active >= p_limit THEN
-            RETURN QUERY SELECT 'refused'::text, v_active, NULL::text, NULL::text;
-            RETURN;
-        END IF;
-    END IF;
-    INSERT INTO durable_run (
-        id, workflow, version, namespace, status, queue, input, output, error,
-        parent_id, blocked_reason, attempt, created_at, updated_at, started_at, finished_at
-    ) VALUES (
-        p_id, p_workflow, p_version, p_namespace, 'pending', p_queue, p_input, NULL, NULL,
-        p_parent_id, '', p_attempt, v_now, v_now, NULL, NULL
-    ) ON CONFLICT (id) DO NOTHING;
-    IF NOT FOUND THEN
-        -- A concurrent start inserted this id first; it has committed by now.
-        RETURN QUERY SELECT 'exists'::text, 0, r.workflow::text, r.namespace::text
-            FROM durable_run r WHERE r.id = p_id;
-        RETURN;
-    END IF;
-    INSERT INTO durable_run_tag (run_id, tag, status, namespace)
-        SELECT p_id, tag, 'pending', p_namespace FROM unnest(p_tags) AS tag;
-    RETURN QUERY SELECT 'created'::text, v_active, p_workflow, p_namespace;
-END
 $$;
 
 
@@ -337,10 +226,23 @@ $$;
 -- 'refused' (with refused, the 1-based position of the first quota that refused, and
 -- active, its key's units).
 --
--- With one quota of weight 1 it does what durable_start_run_v1 does, at the same cost: one
--- lock, one count (a sum of the index's rows), and the inserts. The count is the
--- UNION ALL of one branch per status that durable_start_run_v1 makes (see there why),
--- under the same settings, for the same reasons.
+-- PL/pgSQL takes a fresh snapshot for each statement of a volatile function at READ
+-- COMMITTED, so each count sees every run committed before the locks were granted.
+--
+-- A quota's count is a UNION ALL of one branch per status, tag = K AND status = S: both
+-- columns are the search key of the index on (tag, status, namespace), so it reads only
+-- the key's runs in the counted statuses, never its finished history, whatever the
+-- planner's statistics say (with status = ANY(...) the planner reads every index entry of
+-- a key whose runs came after the last ANALYZE). One statement, so one snapshot. A row of
+-- p_statuses holds at most the seven statuses; the branches past its end compare with
+-- NULL and read nothing.
+--
+-- The statements are planned once per connection, and these settings make that safe:
+-- plan_cache_mode = force_generic_plan (one plan, kept until the tables' statistics
+-- change); enable_seqscan = off and max_parallel_workers_per_gather = 0 (a generic plan is
+-- made from estimates that may say "every row": under these the count searches the index);
+-- jit = off (an estimate of millions must not make PostgreSQL compile a count that reads a
+-- handful of index entries).
 CREATE OR REPLACE FUNCTION durable_start_run_v2(
     p_id text,
     p_check_existing boolean,
@@ -460,92 +362,10 @@ END
 $$;
 
 
--- A batch of starts in one call: for each element of p_runs (a JSON array), in order, what
--- durable_start_run_v2 does, by calling it; returns one row per element, its position (from
--- 1) and durable_start_run_v2's row. A refused element creates nothing and the others go on.
---
--- Each element is an object holding durable_start_run_v2's arguments by name: id,
--- check_existing, workflow, version, namespace, input, tags, queue, parent_id, attempt,
--- keys, limits, weights (arrays, one item per quota) and statuses (an array of arrays, one
--- per quota, padded with null to the longest); p_read_namespace is the batch's. A NULL
--- argument is left out.
---
--- Deadlocks: every quota key of every element is locked first, by one call of
--- durable_lock_quota_keys_v1 (the keys' byte order, COLLATE "C", which is also the code
--- point order the portable path sorts keys in), before the first start; each lock is held
--- until the transaction ends, and durable_start_run_v2's own locks of its keys are then
--- taken again by the same transaction, which does not wait. Two batches sharing keys, or a
--- batch and a single start under several quotas, in whatever order their elements name
--- them, take the common keys in the same order, so neither waits for a key the other
--- holds while holding one it needs.
---
--- The quota rule lives in durable_start_run_v2 alone: a later version of the single start
--- is called here in its place by a later version of this function.
-CREATE OR REPLACE FUNCTION durable_start_runs_v1(
-    p_runs jsonb,
-    p_read_namespace text
-) RETURNS TABLE(
-    "position" integer, outcome text, refused integer, active bigint, found_workflow text,
-    found_namespace text
-)
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    v_run jsonb;
-    v_position integer;
-    v_keys text[];
-BEGIN
-    v_keys := ARRAY(
-        SELECT k.key
-        FROM jsonb_array_elements(p_runs) AS e,
-            jsonb_array_elements_text(coalesce(e.value -> 'keys', '[]'::jsonb)) AS k(key)
-    );
-    IF cardinality(v_keys) > 0 THEN
-        PERFORM durable_lock_quota_keys_v1(v_keys);
-    END IF;
-    FOR v_run, v_position IN
-        SELECT e.value, e.ordinality::integer
-        FROM jsonb_array_elements(p_runs) WITH ORDINALITY AS e
-        ORDER BY e.ordinality
-    LOOP
-        RETURN QUERY SELECT v_position, s.outcome, s.refused, s.active, s.found_workflow,
-            s.found_namespace
-        FROM durable_start_run_v2(
-            v_run ->> 'id',
-            (v_run ->> 'check_existing')::boolean,
-            v_run ->> 'workflow',
-            v_run ->> 'version',
-            v_run ->> 'namespace',
-            v_run -> 'input',
-            ARRAY(SELECT jsonb_array_elements_text(v_run -> 'tags')),
-            v_run ->> 'queue',
-            v_run ->> 'parent_id',
-            (v_run ->> 'attempt')::integer,
-            ARRAY(SELECT jsonb_array_elements_text(coalesce(v_run -> 'keys', '[]'::jsonb))),
-            ARRAY(
-                SELECT w::integer
-                FROM jsonb_array_elements_text(coalesce(v_run -> 'limits', '[]'::jsonb)) AS w
-            ),
-            ARRAY(
-                SELECT w::integer
-                FROM jsonb_array_elements_text(coalesce(v_run -> 'weights', '[]'::jsonb)) AS w
-            ),
-            ARRAY(
-                SELECT ARRAY(SELECT jsonb_array_elements_text(r.value))
-                FROM jsonb_array_elements(coalesce(v_run -> 'statuses', '[]'::jsonb))
-                    WITH ORDINALITY AS r
-                ORDER BY r.ordinality
-            ),
-            p_read_namespace
-        ) AS s;
-    END LOOP;
-END
-$$;
-
 -- A quota slot's release, for the starts waiting for one (wait=): the trigger function of
 -- durable_run_tag's triggers durable_quota_release (a quota tag leaving an active status)
 -- and durable_quota_release_delete (one deleted while active), installed with it by
--- migration 0005_quota_release_notify. It notifies, on the channel of the tag
+-- migration 0002_routines. It notifies, on the channel of the tag
 -- ('durable_quota_' and the first 16 hex digits of its md5), with the tag as payload: a
 -- waiter LISTENs to its keys' channels only. PostgreSQL sends the notification when the
 -- transition's transaction commits, and never when it rolls back.
@@ -560,9 +380,13 @@ $$;
 
 -- A batch of starts in one call, set-based: for each element of p_runs, in order, what
 -- durable_start_run_v2 does, in a fixed number of statements whatever the batch's size.
--- Takes the arguments durable_start_runs_v1 takes (the same JSON elements) and returns
--- the rows it returns: one per element, its position (from 1) and durable_start_run_v2's
--- row for it.
+-- Each element of p_runs (a JSON array) is an object holding durable_start_run_v2's
+-- arguments by name: id, check_existing, workflow, version, namespace, input, tags, queue,
+-- parent_id, attempt, keys, limits, weights (arrays, one item per quota) and statuses (an
+-- array of arrays, one per quota, padded with null to the longest); p_read_namespace is
+-- the batch's. A NULL argument is left out. Returns one row per element: its position
+-- (from 1) and durable_start_run_v2's row for it. A refused element creates nothing and
+-- the others go on.
 --
 -- 1. One statement reads the elements into arrays, and reads no table: each element's
 --    fields; its quotas (elements in order, each element's in its order), each with its
@@ -576,10 +400,11 @@ $$;
 --    matching the keys in number, rows naming more than seven statuses, a key named
 --    twice): the batch raises before anything is locked.
 -- 2. Every key of the batch is locked by one call of durable_lock_quota_keys_v1 (byte
---    order, COLLATE "C"), as durable_start_runs_v1 locks them: batches and single starts,
---    of this release and the previous one, serialise on the same locks and never wait on
---    each other in a cycle. Everything below is read by statements begun after the locks
---    were granted.
+--    order, COLLATE "C", which is also the code point order the portable path sorts keys
+--    in): batches and single starts serialise on the same locks and never wait on each
+--    other in a cycle, in whatever order their elements name the keys (a lock this
+--    transaction holds is taken again without waiting). Everything below is read by
+--    statements begun after the locks were granted.
 -- 3. One statement reads, for each id that an element checking existing names, the run
 --    holding it (in any namespace); none when no element checks existing.
 -- 4. One statement counts the units of each distinct (key, status) pair once: the sum of
@@ -599,13 +424,13 @@ $$;
 --    its row is made (as durable_start_run_v2's is), and one of their tags.
 --
 -- Its statements are planned once per connection under durable_start_run_v2's settings,
--- for the same reasons (see durable_start_run_v1).
+-- for the same reasons (see there).
 --
 -- An id the insert meets although step 5 created it (a concurrent start inserted it after
 -- step 3, or a run held it already and no element naming it checks existing) changes what
 -- the decisions must be: the runs inserted are deleted again (this transaction made them
--- and nothing refers to them yet) and durable_start_runs_v1 decides the batch, element by
--- element, under the locks already held.
+-- and nothing refers to them yet) and the batch is decided element by element, each by a
+-- call of durable_start_run_v2, under the locks already held.
 CREATE OR REPLACE FUNCTION durable_start_runs_v2(
     p_runs jsonb,
     p_read_namespace text
@@ -685,6 +510,9 @@ DECLARE
     v_refusing integer;
     v_made integer := 0;
     v_inserted text[];
+    -- an element and its position, when the batch is decided element by element
+    v_run jsonb;
+    v_position integer;
 BEGIN
     WITH element AS (
         SELECT e.ordinality::integer AS ord, x.id, coalesce(x.check_existing, false) AS checks,
@@ -941,9 +769,45 @@ BEGIN
         SELECT array_agg(m.id) INTO v_inserted FROM made AS m;
         IF coalesce(cardinality(v_inserted), 0) <> v_made THEN
             DELETE FROM durable_run AS r WHERE r.id = ANY (v_inserted);
-            RETURN QUERY SELECT s."position", s.outcome, s.refused, s.active,
-                    s.found_workflow, s.found_namespace
-                FROM durable_start_runs_v1(p_runs, p_read_namespace) AS s;
+            FOR v_run, v_position IN
+                SELECT e.value, e.ordinality::integer
+                FROM jsonb_array_elements(p_runs) WITH ORDINALITY AS e
+                ORDER BY e.ordinality
+            LOOP
+                RETURN QUERY SELECT v_position, s.outcome, s.refused, s.active, s.found_workflow,
+                    s.found_namespace
+                FROM durable_start_run_v2(
+                    v_run ->> 'id',
+                    (v_run ->> 'check_existing')::boolean,
+                    v_run ->> 'workflow',
+                    v_run ->> 'version',
+                    v_run ->> 'namespace',
+                    v_run -> 'input',
+                    ARRAY(SELECT jsonb_array_elements_text(v_run -> 'tags')),
+                    v_run ->> 'queue',
+                    v_run ->> 'parent_id',
+                    (v_run ->> 'attempt')::integer,
+                    ARRAY(
+                        SELECT jsonb_array_elements_text(coalesce(v_run -> 'keys', '[]'))
+                    ),
+                    ARRAY(
+                        SELECT w::integer
+                        FROM jsonb_array_elements_text(coalesce(v_run -> 'limits', '[]')) AS w
+                    ),
+                    ARRAY(
+                        SELECT w::integer
+                        FROM jsonb_array_elements_text(coalesce(v_run -> 'weights', '[]'))
+                            AS w
+                    ),
+                    ARRAY(
+                        SELECT ARRAY(SELECT jsonb_array_elements_text(r.value))
+                        FROM jsonb_array_elements(coalesce(v_run -> 'statuses', '[]'))
+                            WITH ORDINALITY AS r
+                        ORDER BY r.ordinality
+                    ),
+                    p_read_namespace
+                ) AS s;
+            END LOOP;
             RETURN;
         END IF;
         INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)

@@ -1,7 +1,7 @@
 """Listening for quota releases on PostgreSQL: ``LISTEN`` on a connection of its own.
 
-The trigger ``durable_quota_release_notify_v1`` (installed by migration
-``0005_quota_release_notify``) sends, in the transaction that moves a quota tag out of an
+The trigger ``durable_quota_release_notify_v1`` (installed with its triggers by
+migration ``0002_routines``) sends, in the transaction that moves a quota tag out of an
 active status (or deletes it), ``pg_notify(channel, tag)`` on the tag's
 :func:`release_channel`. A listener opens its own autocommit connection with the Django
 connection's parameters (never the caller's connection, which may be in a transaction),

@@ -14,15 +14,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import router
 from django.db.migrations.operations.base import Operation, OperationCategory
 
 from ...lifecycle import ACTIVE_STATUSES
 from ...limits import TAG_PREFIX
-from . import function_definitions
+from ..routines import InstallRoutines
+from . import FUNCTIONS, function_definitions
 
 
-class InstallFunctions(Operation):
+class InstallFunctions(InstallRoutines):
     """Install the functions ``names`` of ``functions.sql`` on a PostgreSQL database where
     the routers let the app migrate (``router.allow_migrate(alias, app_label, **hints)``);
     backwards, drop them. Other databases get nothing.
@@ -31,43 +31,10 @@ class InstallFunctions(Operation):
     function installs that version alone, and its reverse drops that version alone.
     """
 
-    reversible = True
-    category = OperationCategory.ADDITION
+    file = FUNCTIONS
 
-    def __init__(self, names: Sequence[str], hints: dict[str, Any] | None = None) -> None:
-        unknown = sorted(set(names) - function_definitions().keys())
-        if unknown:
-            raise ValueError(f"InstallFunctions: functions.sql does not define {unknown}")
-        self.names = list(names)
-        self.hints = hints or {}
-
-    def state_forwards(self, app_label: str, state: Any) -> None:
-        pass
-
-    def _allowed(self, app_label: str, schema_editor: Any) -> bool:
-        connection = schema_editor.connection
-        return connection.vendor == "postgresql" and bool(
-            router.allow_migrate(connection.alias, app_label, **self.hints)
-        )
-
-    def database_forwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        if self._allowed(app_label, schema_editor):
-            definitions = function_definitions()
-            for name in self.names:
-                # No parameters: the statement is sent as it is written, ``%`` included.
-                schema_editor.execute(definitions[name], params=None)
-
-    def database_backwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        if self._allowed(app_label, schema_editor):
-            for name in reversed(self.names):
-                # A versioned name is never overloaded: it names one function.
-                schema_editor.execute(
-                    f"DROP FUNCTION IF EXISTS {schema_editor.quote_name(name)}", params=None
-                )
+    def applies_to(self, connection: Any) -> bool:
+        return bool(connection.vendor == "postgresql")
 
     def describe(self) -> str:
         return f"Install the PostgreSQL functions {', '.join(self.names)}"
