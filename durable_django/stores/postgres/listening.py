@@ -64,7 +64,7 @@ def registration(keys: Collection[str]) -> sql.Composed:
     waiter = sql.SQL(f"{WAITER_LOCK}, hashtext({{}})")
     bucket = sql.SQL(f"{RELEASE_LOCK}, hashtext({{}}) & {RELEASE_BUCKETS - 1}")
     statements: list[sql.Composable] = [
-        sql.SQL(f"SET lock_timeout = '{REGISTRATION_LOCK_TIMEOUT}'")
+        sql.SQL(f"SET LOCAL lock_timeout = '{REGISTRATION_LOCK_TIMEOUT}'")
     ]
     statements += [
         sql.SQL("SELECT pg_advisory_lock_shared({})").format(waiter.format(tag)) for tag in tags
