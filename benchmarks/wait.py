@@ -17,8 +17,11 @@ it, and measures:
   to 1 s) and **1 s poll** (a poll every second). The goal: notify's p95 under 50 ms.
 - **trigger cost**: a turn's end, ``running`` to ``completed`` through the store (one
   ``durable_transition_v1`` call in its transaction) for a run under one quota, timed
-  with the release triggers enabled and disabled (``ALTER TABLE ... DISABLE TRIGGER``),
-  alternating in blocks of 100, no listener and one listener on the key.
+  with the release trigger as it was (notifying on every release), as it is (notifying
+  only when a waiter of the key is registered) and disabled (``ALTER TABLE ... DISABLE
+  TRIGGER``), in blocks of 100 in rotating order, no waiter and one waiter on the key;
+  and per release the trigger's time and the WAL written, from ``EXPLAIN (ANALYZE, WAL)``
+  of the tag's update (20 per block). ``--releases 0`` measures the trigger alone.
 """
 
 from __future__ import annotations
@@ -139,56 +142,119 @@ def release_table(args: argparse.Namespace, rng: random.Random) -> None:
         )
 
 
+#: The trigger function as it was before it asked whether anyone waits: it notified on
+#: every release.
+NOTIFY_ALWAYS = """
+CREATE OR REPLACE FUNCTION durable_quota_release_notify_v1() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('durable_quota_' || left(md5(OLD.tag), 16), OLD.tag);
+    RETURN NULL;
+END
+$$;
+"""
+TRIGGER_SETTINGS = ("notify always (before)", "notify when a waiter listens", "off")
+
+
 def trigger_cost(args: argparse.Namespace) -> None:
     from django.db import connection
 
     from durable_django import Engine
     from durable_django.stores import OrmStore
+    from durable_django.stores.postgres import function_definitions
 
     engine = Engine(store=OrmStore(), enqueue=False)
     engine.register("bench.end", "1", lambda ctx, input: input)
     store = engine.store
     key = f"bench:{uuid.uuid4().hex}"
     quota = {"key": key, "limit": 1_000_000}
+    bodies = {
+        TRIGGER_SETTINGS[0]: NOTIFY_ALWAYS,
+        TRIGGER_SETTINGS[1]: function_definitions()["durable_quota_release_notify_v1"],
+    }
 
-    def set_triggers(on: bool) -> None:
-        verb = "ENABLE" if on else "DISABLE"
+    def set_trigger(setting: str) -> None:
+        verb = "DISABLE" if setting == "off" else "ENABLE"
         with connection.cursor() as cursor:
+            if setting in bodies:
+                cursor.execute(bodies[setting])
             for name in ("durable_quota_release", "durable_quota_release_delete"):
                 cursor.execute(f"ALTER TABLE durable_run_tag {verb} TRIGGER {name}")
 
-    def ends(count: int) -> list[float]:
+    def running(count: int) -> list[str]:
         run_ids = [engine.start("bench.end", {}, concurrency=quota).run_id for _ in range(count)]
         for run_id in run_ids:
             assert store.transition(run_id, ["pending"], "running")
+        return run_ids
+
+    def ends(count: int) -> list[float]:
         times = []
-        for run_id in run_ids:
+        for run_id in running(count):
             begun = time.perf_counter()
             assert store.transition(run_id, ["running"], "completed", output={"ok": True})
             times.append(time.perf_counter() - begun)
         return times
 
+    def explained(count: int) -> tuple[float, float, float]:
+        """Per release: the trigger's time (ms), WAL records and WAL bytes, as EXPLAIN
+        (ANALYZE, WAL) reports the tag's update (the trigger's work counted in it)."""
+        import json
+
+        spent = records = size = 0.0
+        for run_id in running(count):
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "EXPLAIN (ANALYZE, WAL, FORMAT JSON) UPDATE durable_run_tag "
+                    "SET status = 'completed' WHERE run_id = %s",
+                    [run_id],
+                )
+                (explain,) = cursor.fetchone()
+            plan = (json.loads(explain) if isinstance(explain, str) else explain)[0]
+            spent += sum(trigger["Time"] for trigger in plan.get("Triggers", []))
+            records += plan["Plan"].get("WAL Records", 0)
+            size += plan["Plan"].get("WAL Bytes", 0)
+        return spent / count, records / count, size / count
+
     rows = []
     for listeners in (0, 1):
         listener = store.release_listener([key]) if listeners else None
-        results: dict[bool, list[float]] = {True: [], False: []}
+        results: dict[str, list[float]] = {setting: [] for setting in TRIGGER_SETTINGS}
+        explains: dict[str, list[tuple[float, float, float]]] = {s: [] for s in TRIGGER_SETTINGS}
         ends(50)  # warm up
         for block in range(args.ends // 100):
-            for on in (True, False) if block % 2 == 0 else (False, True):
-                set_triggers(on)
-                results[on].extend(ends(100))
-        set_triggers(True)
+            shift = block % len(TRIGGER_SETTINGS)
+            for setting in TRIGGER_SETTINGS[shift:] + TRIGGER_SETTINGS[:shift]:
+                set_trigger(setting)
+                results[setting].extend(ends(100))
+                explains[setting].append(explained(20))
+        set_trigger(TRIGGER_SETTINGS[1])
         if listener is not None:
             listener.close()
-        on, off = (statistics.median(results[s]) for s in (True, False))
-        rows.append((listeners, len(results[True]), on, off))
+        for setting in TRIGGER_SETTINGS:
+            trigger_ms, wal_records, wal_bytes = (
+                statistics.median(value[i] for value in explains[setting]) for i in range(3)
+            )
+            rows.append(
+                (
+                    listeners,
+                    setting,
+                    len(results[setting]),
+                    statistics.median(results[setting]),
+                    trigger_ms,
+                    wal_records,
+                    wal_bytes,
+                )
+            )
     print()
-    print("| turn end (running -> completed) | ends each | triggers on p50 | off p50 | on/off |")
-    print("| --- | --- | --- | --- | --- |")
-    for listeners, count, on, off in rows:
+    print(
+        "| turn end (running -> completed) | release trigger | ends | p50 | trigger time "
+        "per release | WAL records per release | WAL bytes per release |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for listeners, setting, count, p50, trigger_ms, wal_records, wal_bytes in rows:
         print(
-            f"| {listeners} listener(s) on the key | {count} | {on * 1000:.3f} ms "
-            f"| {off * 1000:.3f} ms | {on / off:.3f} |"
+            f"| {listeners} waiter(s) on the key | {setting} | {count} | {p50 * 1000:.3f} ms "
+            f"| {trigger_ms * 1000:.1f} us | {wal_records:.2f} | {wal_bytes:.0f} |"
         )
 
 
@@ -199,7 +265,8 @@ def main() -> None:
     set_up_django(args.database)
 
     rng = random.Random(args.seed)
-    release_table(args, rng)
+    if args.releases:
+        release_table(args, rng)
     trigger_cost(args)
 
 

@@ -8,8 +8,9 @@ start. ``wait=None`` or ``0`` is the start of today, at its cost.
 
 - **Woken on release**: between attempts, a store that can tell (the ORM store on
   PostgreSQL: ``LISTEN``/``NOTIFY``, see :mod:`durable_django.stores.postgres.listening`)
-  is listened to, on a connection of its own opened *before* the next attempt (so a
-  release between a refusal and the listening is not missed); the wait for a release
+  is listened to, on a connection of its own registered as a waiter of the keys (the
+  release trigger notifies only then) *before* the next attempt (so a release between a
+  refusal and the listening is not missed); the wait for a release
   never lasts more than :data:`SAFETY_SECONDS`, so a lost notification costs at most that;
   a listener that cannot be opened, or fails, is logged and the start polls instead.
   Elsewhere (SQLite, MariaDB, MySQL, the memory store) the start polls: 50 ms doubling to

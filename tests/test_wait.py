@@ -388,12 +388,16 @@ def test_wait_inside_a_workflow_body_is_refused(engine: Engine) -> None:
 
 
 def listening_backends(key: str) -> int:
-    from durable_django.stores.postgres.listening import release_channel
+    """How many connections are registered as waiters of ``key`` (and listen to it)."""
+    from durable_django.stores.postgres.listening import WAITER_LOCK
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = %s",
-            [f'LISTEN "{release_channel(key)}"'],
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
+            "AND l.classid = %s AND l.objid::text::bigint = hashtext(%s)::bigint & 4294967295 "
+            "AND a.query LIKE '%%LISTEN%%'",
+            [WAITER_LOCK, f"concurrency:{key}"],
         )
         return int(cursor.fetchone()[0])
 
@@ -620,7 +624,7 @@ def test_a_run_leaving_an_active_status_notifies_its_keys_channel_on_commit(
 def test_the_release_notification_carries_the_tag(thread_engine: Engine) -> None:
     import psycopg
 
-    from durable_django.stores.postgres.listening import release_channel
+    from durable_django.stores.postgres.listening import registration, release_channel
 
     engine = thread_engine
     key = fresh_key()
@@ -628,10 +632,119 @@ def test_the_release_notification_carries_the_tag(thread_engine: Engine) -> None
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
     with psycopg.connect(**params, autocommit=True) as listening:
-        listening.execute(f'LISTEN "{release_channel(key)}"'.encode())
+        listening.execute(registration([key]))
         force_status(engine, holder.run_id, RunStatus.CANCELLED)
         heard = list(listening.notifies(timeout=PATIENCE, stop_after=1))
     assert [(n.channel, n.payload) for n in heard] == [(release_channel(key), f"concurrency:{key}")]
+
+
+def raw_connection(**options: Any) -> Any:
+    """A psycopg connection of its own to the test database."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    return psycopg.connect(**params, **options)
+
+
+@postgresql_only
+def test_no_notification_is_sent_when_nobody_waits(thread_engine: Engine) -> None:
+    from durable_django.stores.postgres.listening import release_channel
+
+    engine = thread_engine
+    alone, waited, after = fresh_key(), fresh_key(), fresh_key()
+    holders = {
+        key: [engine.start("wait.echo", {}, concurrency=quota(key, 5)).run_id for _ in range(2)]
+        for key in (alone, waited, after)
+    }
+    channels = {release_channel(key): key for key in holders}
+    with raw_connection(autocommit=True) as overhearing:
+        # LISTEN without registering: hears what the trigger sends, never asks for it
+        for channel in channels:
+            overhearing.execute(f'LISTEN "{channel}"'.encode())
+
+        def next_heard() -> str:
+            (notification,) = overhearing.notifies(timeout=PATIENCE, stop_after=1)
+            return channels[notification.channel]
+
+        listener = engine.store.release_listener([waited])
+        assert listener is not None
+        with listener:
+            force_status(engine, holders[alone][0], RunStatus.COMPLETED)  # nobody waits
+            force_status(engine, holders[waited][0], RunStatus.COMPLETED)  # a waiter
+            assert next_heard() == waited  # notifications come in commit order
+            assert listener.wait(PATIENCE)
+        # closed: the waiter is unregistered, and the next release of its key is silent
+        second = engine.store.release_listener([after])
+        assert second is not None
+        with second:
+            force_status(engine, holders[waited][1], RunStatus.COMPLETED)
+            Run.objects.filter(id=holders[after][0]).delete()
+            assert next_heard() == after
+
+
+@postgresql_only
+def test_a_release_that_found_no_waiter_is_seen_by_the_waiters_count(
+    thread_engine: Engine,
+) -> None:
+    """The race: a release's trigger finds no waiter, then a waiter registers and counts
+    before the release commits. Its registration waits for that commit, so its count,
+    after, sees the slot free."""
+    from durable_django.stores.postgres.listening import RELEASE_LOCK
+
+    engine = thread_engine
+    key = fresh_key()
+    holder = engine.start("wait.echo", {}, concurrency=quota(key))
+    opened: list[Any] = []
+
+    def listen() -> None:
+        opened.append(engine.store.release_listener([key]))
+
+    with raw_connection() as releasing:
+        releasing.execute(
+            "UPDATE durable_run_tag SET status = 'completed' WHERE run_id = %s", [holder.run_id]
+        )  # the trigger has run: nobody was registered, nothing will be sent
+        thread = threading.Thread(target=listen)
+        thread.start()
+
+        def registration_waits() -> bool:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                    "AND classid = %s AND NOT granted",
+                    [RELEASE_LOCK],
+                )
+                return bool(cursor.fetchone()[0])
+
+        wait_until(registration_waits)
+        assert thread.is_alive() and not opened
+        with pytest.raises(ConcurrencyLimitError):  # a count now would not see the slot
+            engine.start("wait.echo", {}, concurrency=quota(key))
+        releasing.commit()
+        thread.join(PATIENCE)
+    (listener,) = opened
+    assert listener is not None
+    with listener:
+        # registered after the release: the count is what admits the start
+        assert engine.start("wait.echo", {}, concurrency=quota(key)).created
+        assert not listener.wait(0)
+
+
+@postgresql_only
+def test_a_waiter_whose_connection_dies_is_unregistered(thread_engine: Engine) -> None:
+    engine = thread_engine
+    key = fresh_key()
+    listener = engine.store.release_listener([key])
+    assert listener is not None
+    with listener:
+        assert listening_backends(key) == 1
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE pid <> pg_backend_pid() AND query LIKE %s",
+                [f"%concurrency:{key}%"],
+            )
+        wait_until(lambda: listening_backends(key) == 0)
 
 
 @postgresql_only

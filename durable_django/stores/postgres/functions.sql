@@ -366,13 +366,36 @@ $$;
 -- durable_run_tag's triggers durable_quota_release (a quota tag leaving an active status)
 -- and durable_quota_release_delete (one deleted while active), installed with it by
 -- migration 0002_routines. It notifies, on the channel of the tag
--- ('durable_quota_' and the first 16 hex digits of its md5), with the tag as payload: a
--- waiter LISTENs to its keys' channels only. PostgreSQL sends the notification when the
--- transition's transaction commits, and never when it rolls back.
+-- ('durable_quota_' and the first 16 hex digits of its md5), with the tag as payload, only
+-- when a waiter of the tag is registered: a waiter LISTENs to its keys' channels only.
+-- PostgreSQL sends the notification when the transition's transaction commits, and never
+-- when it rolls back.
+--
+-- A waiter's registration (durable_django.stores.postgres.listening, which holds the
+-- lock numbers below) is a session-level shared advisory lock (1702001001,
+-- hashtext(tag)) on its listening connection, so a waiter that dies is unregistered with
+-- its connection. The trigger tests it by trying that lock exclusively and giving it back
+-- at once (this call leaves no lock behind it); the try fails while a waiter holds it, or
+-- for the instant another release tests it too (a notification nobody needs, no harm).
+--
+-- The race of a waiter registering between this test and the commit is closed by the
+-- release lock: this transaction holds (1702001002, hashtext(tag) & 1023) shared until it
+-- ends, and a waiter, once registered and before it LISTENs and counts, takes that lock
+-- exclusively and gives it back, so waiting out every release that tested before it
+-- registered: its count sees them committed. The 1024 buckets bound the locks a
+-- transaction releasing many keys holds; a waiter may wait out a release of another key of
+-- its bucket.
 CREATE OR REPLACE FUNCTION durable_quota_release_notify_v1() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_hash integer := hashtext(OLD.tag);
 BEGIN
-    PERFORM pg_notify('durable_quota_' || left(md5(OLD.tag), 16), OLD.tag);
+    PERFORM pg_advisory_xact_lock_shared(1702001002, v_hash & 1023);
+    IF pg_try_advisory_lock(1702001001, v_hash) THEN
+        PERFORM pg_advisory_unlock(1702001001, v_hash);
+    ELSE
+        PERFORM pg_notify('durable_quota_' || left(md5(OLD.tag), 16), OLD.tag);
+    END IF;
     RETURN NULL;
 END
 $$;

@@ -3,9 +3,14 @@
 The trigger ``durable_quota_release_notify_v1`` (installed with its triggers by
 migration ``0002_routines``) sends, in the transaction that moves a quota tag out of an
 active status (or deletes it), ``pg_notify(channel, tag)`` on the tag's
-:func:`release_channel`. A listener opens its own autocommit connection with the Django
-connection's parameters (never the caller's connection, which may be in a transaction),
-and ``LISTEN``\\ s the channels of its keys before it is returned.
+:func:`release_channel`, when a waiter of the tag is registered. A listener opens its own
+autocommit connection with the Django connection's parameters (never the caller's
+connection, which may be in a transaction) and, before it is returned, in one round trip
+(:func:`registration`): registers for its keys (a session-level shared advisory lock per
+key, :data:`WAITER_LOCK`, which goes with the connection, closed or lost), waits out the
+releases that tested for waiters before it registered (:data:`RELEASE_LOCK`, taken and
+given back), and ``LISTEN``\\ s the channels of its keys. So the start's next count sees
+every release that did not see the registration.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 
 import psycopg
 from django.db import connections
+from psycopg import sql
 
 from ...limits import TAG_PREFIX
 from ..base import AsyncReleaseListener, ReleaseListener
@@ -31,6 +37,19 @@ def release_channel(key: str) -> str:
     return CHANNEL_PREFIX + digest[:16]
 
 
+#: The advisory lock class of a waiter's registration, ``(WAITER_LOCK, hashtext(tag))``,
+#: held shared by each listener of the tag; the trigger tries it to know whether to notify.
+WAITER_LOCK = 1702001001
+#: The advisory lock class a release holds shared until it ends, on its tag's bucket
+#: ``(RELEASE_LOCK, hashtext(tag) & RELEASE_BUCKETS - 1)``.
+RELEASE_LOCK = 1702001002
+#: How many buckets the release locks fall in (a power of two).
+RELEASE_BUCKETS = 1024
+#: How long a listener waits for a release in progress before it gives up (and the start
+#: polls instead).
+REGISTRATION_LOCK_TIMEOUT = "1s"
+
+
 def _connection_params(using: str) -> dict[str, Any]:
     params: dict[str, Any] = connections[using].get_connection_params()
     params.pop("cursor_factory", None)
@@ -38,8 +57,26 @@ def _connection_params(using: str) -> dict[str, Any]:
     return params
 
 
-def _listen_statements(keys: Collection[str]) -> list[str]:
-    return [f'LISTEN "{release_channel(key)}"' for key in sorted(set(keys))]
+def registration(keys: Collection[str]) -> sql.Composed:
+    """The statements, in order, registering a waiter of ``keys`` on its own connection:
+    the registrations, the release locks taken and given back, the ``LISTEN``\\ s."""
+    tags = [sql.Literal(TAG_PREFIX + key) for key in sorted(set(keys))]
+    waiter = sql.SQL(f"{WAITER_LOCK}, hashtext({{}})")
+    bucket = sql.SQL(f"{RELEASE_LOCK}, hashtext({{}}) & {RELEASE_BUCKETS - 1}")
+    statements: list[sql.Composable] = [
+        sql.SQL(f"SET LOCAL lock_timeout = '{REGISTRATION_LOCK_TIMEOUT}'")
+    ]
+    statements += [
+        sql.SQL("SELECT pg_advisory_lock_shared({})").format(waiter.format(tag)) for tag in tags
+    ]
+    for tag in tags:
+        statements.append(sql.SQL("SELECT pg_advisory_lock({})").format(bucket.format(tag)))
+        statements.append(sql.SQL("SELECT pg_advisory_unlock({})").format(bucket.format(tag)))
+    statements += [
+        sql.SQL("LISTEN {}").format(sql.Identifier(release_channel(key)))
+        for key in sorted(set(keys))
+    ]
+    return sql.SQL("; ").join(statements)
 
 
 class PostgresReleaseListener(ReleaseListener):
@@ -48,8 +85,7 @@ class PostgresReleaseListener(ReleaseListener):
     def __init__(self, using: str, keys: Collection[str]) -> None:
         self._connection = psycopg.Connection.connect(**_connection_params(using))
         try:
-            for statement in _listen_statements(keys):
-                self._connection.execute(statement.encode())
+            self._connection.execute(registration(keys))
         except BaseException:
             self._connection.close()
             raise
@@ -74,8 +110,7 @@ class AsyncPostgresReleaseListener(AsyncReleaseListener):
     async def open(cls, using: str, keys: Collection[str]) -> AsyncPostgresReleaseListener:
         connection = await psycopg.AsyncConnection.connect(**_connection_params(using))
         try:
-            for statement in _listen_statements(keys):
-                await connection.execute(statement.encode())
+            await connection.execute(registration(keys))
         except BaseException:
             await connection.close()
             raise
