@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import connection, connections, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.test import override_settings
 
@@ -223,10 +223,11 @@ def test_an_existing_run_is_found_before_any_quota_is_counted():
     assert not in_transaction()
     with pytest.raises(DurableError, match="taken by a run of workflow 'wf'"):
         start(store, new_run((quota,), run_id=run.run_id, workflow="other"), check_existing=True)
-    # Without the check, the duplicate id is the database's error, its transaction undone.
+    # Without the check, the duplicate id is the database's error, its transaction undone,
+    # and the run found after it.
     unlimited = Quota(fresh("k"), 10, ACTIVE)
-    with pytest.raises(IntegrityError):
-        start(store, new_run((unlimited,), run_id=run.run_id), unlimited)
+    found = start(store, new_run((unlimited,), run_id=run.run_id), unlimited)
+    assert (found.created, found.workflow, found.namespace) == (False, "wf", "default")
     assert not in_transaction()
     assert_lock_free(unlimited.key)
     assert RunTag.objects.filter(tag=unlimited.tag).count() == 0
@@ -273,8 +274,7 @@ def test_an_error_inside_the_callers_transaction_undoes_the_start_alone():
     with transaction.atomic():
         mine = new_run((quota,))
         start(store, mine, quota)
-        with pytest.raises(IntegrityError):
-            start(store, new_run((quota,), run_id=taken.run_id), quota)
+        assert not start(store, new_run((quota,), run_id=taken.run_id), quota).created
         other = new_run((quota,))
         start(store, other, quota)
     assert RunTag.objects.filter(tag=quota.tag).count() == 3

@@ -1,6 +1,6 @@
 """The store contract suite (``durable_django.testing.StoreContract``) run against both
-stores: ``MemoryStore``, and ``OrmStore`` on each test database (on PostgreSQL its fast
-path and its portable path). And a broken store, which the suite must catch."""
+stores: ``MemoryStore``, and ``OrmStore`` on each test database (on PostgreSQL and
+MariaDB its fast path and its portable path). And a broken store, which the suite must catch."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from durable_django.status import RunStatus
 from durable_django.stores import BaseStore, MemoryStore, OrmStore
 from durable_django.testing import StoreContract
 
-#: ``OrmStore``'s paths on this database: two on PostgreSQL, one elsewhere.
-PATHS = [True, False] if connection.vendor == "postgresql" else [True]
+#: ``OrmStore``'s paths on this database: two on PostgreSQL (the functions, the portable
+#: path), two on MySQL and MariaDB (the procedure, the portable path), one on SQLite.
+PATHS = [True] if connection.vendor == "sqlite" else [True, False]
 
 
 class TestMemoryStore(StoreContract):

@@ -32,13 +32,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from django.utils import timezone
 
+from ..admission import Refusal, decide
 from ..concurrency import Quota
 from ..errors import ConcurrencyLimitError, DurableError
 from ..lifecycle import TERMINAL_STATUSES
 from ..limits import TAG_PREFIX
 from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..retention import active_ancestors
-from ..tickets import KeptTicket, Ticket, place_in_line
+from ..tickets import KeptTicket, Line, Ticket, place_in_line
 
 if TYPE_CHECKING:
     from django.core.checks import CheckMessage
@@ -49,6 +50,7 @@ __all__ = [
     "AsyncReleaseListener",
     "BaseStore",
     "NewRun",
+    "QuotaDecision",
     "ReleaseListener",
     "RunRecord",
     "StartOutcome",
@@ -59,6 +61,7 @@ __all__ = [
     "check_batch_ids",
     "check_quota",
     "check_quotas",
+    "decide_quotas",
     "existing_outcome",
     "quota_list",
     "quota_transaction",
@@ -264,6 +267,12 @@ class BaseStore(abc.ABC):
             for quota in quotas
         ]
 
+    def existing_runs(self, run_ids: Collection[str]) -> dict[str, tuple[str, str]]:
+        """The workflow and namespace of each run holding one of ``run_ids`` (ids no run
+        holds are left out). The default reads them with :meth:`get_run`."""
+        found = (self.get_run(run_id) for run_id in run_ids)
+        return {run.run_id: (run.workflow, run.namespace) for run in found if run is not None}
+
     def start_run(
         self,
         run: NewRun,
@@ -282,8 +291,15 @@ class BaseStore(abc.ABC):
         :class:`~durable_django.ConcurrencyLimitError` raised for the first quota, in the
         order given, whose units and the run's weight would exceed its limit, creating
         nothing (a fair quota also counts the units held for kept tickets ahead of the
-        start's ``ticket``: :func:`check_quotas`); then the run is created, its quota tags
-        weighing ``run.weights``."""
+        start's ``ticket``: :func:`check_quotas`; the decision is
+        :func:`durable_django.admission.decide`); then the run is created, its quota tags
+        weighing ``run.weights``.
+
+        Without ``check_existing`` (the engine passes it for ids it generated) nothing is
+        looked up before the quotas are counted: a start the quotas admit whose id turns
+        out to be taken gets what ``check_existing`` would have given it, the existing
+        run (:func:`existing_outcome`: ``created`` False, or the clash of ids raised),
+        and creates nothing; one they refuse is refused."""
         quotas = quota_list(quotas)
         with quota_transaction(self, quotas):
             if check_existing:
@@ -292,7 +308,14 @@ class BaseStore(abc.ABC):
                     return existing_outcome(
                         run, existing.workflow, existing.namespace, read_namespace
                     )
-            check_quotas(self, quotas, run.workflow, read_namespace, ticket)
+            decision = decide_quotas(self, quotas, read_namespace, ticket)
+            if decision.refusal is not None:
+                raise decision.refusal.error(run.workflow)
+            if not check_existing:
+                taken = self.get_run(run.run_id)
+                if taken is not None:
+                    return existing_outcome(run, taken.workflow, taken.namespace, read_namespace)
+            decision.take(self)
             self.create_run(run)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
 
@@ -305,9 +328,11 @@ class BaseStore(abc.ABC):
         Returns one item per start: its :class:`StartOutcome`, or the
         :class:`~durable_django.ConcurrencyLimitError` of the first of its quotas that
         refused it (it created nothing). A later start sees what the earlier ones created:
-        a run id given twice is created by the first and found by the second (``created``
-        False), and a key's units include the batch's earlier runs, with their weights. A
-        run id held by another workflow or namespace raises
+        a run id given twice is created by the first and found by the second, as a
+        second single start would find it (:func:`existing_outcome`: ``created`` False),
+        and a key's units include the batch's earlier runs, with their weights. A run id
+        held by another workflow or namespace (or created earlier in the batch in a
+        namespace other than ``read_namespace``) raises
         :class:`~durable_django.DurableError` naming its index, and the batch creates
         nothing; so does one id given to starts of different workflows or namespaces
         (``ValueError``, :func:`check_batch_ids`).
@@ -320,33 +345,44 @@ class BaseStore(abc.ABC):
         check_batch_ids(starts)
         keys = {quota.key for start in starts for quota in start.quotas}
         with self.quota_locks(keys):
-            # Every lookup first: an id held by another workflow or namespace is refused
-            # before anything is written, on a store whose transactions roll back or not.
-            existing: dict[str, StartOutcome] = {}
-            for index, start in enumerate(starts):
-                run = start.run
-                if start.check_existing and run.run_id not in existing:
-                    found = self.get_run(run.run_id)
-                    if found is not None:
-                        with batch_index(index):
-                            existing[run.run_id] = existing_outcome(
-                                run, found.workflow, found.namespace, read_namespace
-                            )
-            outcomes: list[StartOutcome | ConcurrencyLimitError] = []
-            for start in starts:
-                run = start.run
-                if start.check_existing and run.run_id in existing:
-                    outcomes.append(existing[run.run_id])
-                    continue
-                try:
-                    check_quotas(self, start.quotas, run.workflow, read_namespace)
-                except ConcurrencyLimitError as error:
-                    outcomes.append(error)
-                    continue
-                self.create_run(run)
-                existing[run.run_id] = StartOutcome(False, run.workflow, run.namespace)
-                outcomes.append(StartOutcome(True, run.workflow, run.namespace))
-            return outcomes
+            taken = self.existing_runs({start.run.run_id for start in starts})
+            created: list[str] = []
+            try:
+                return [
+                    self._start_in_batch(index, start, taken, created, read_namespace)
+                    for index, start in enumerate(starts)
+                ]
+            except DurableError:
+                # A clash of ids: what the batch created is undone, on a store whose
+                # transactions do not roll back too.
+                for run_id in created:
+                    self.delete_run(run_id)
+                raise
+
+    def _start_in_batch(
+        self,
+        index: int,
+        start: StartRequest,
+        taken: dict[str, tuple[str, str]],
+        created: list[str],
+        read_namespace: str | None,
+    ) -> StartOutcome | ConcurrencyLimitError:
+        """Element ``index`` of :meth:`start_runs`: :meth:`start_run`'s steps, with the ids
+        already ``taken`` (by earlier runs or earlier elements) in place of lookups."""
+        run = start.run
+        if start.check_existing and run.run_id in taken:
+            with batch_index(index):
+                return existing_outcome(run, *taken[run.run_id], read_namespace)
+        decision = decide_quotas(self, start.quotas, read_namespace)
+        if decision.refusal is not None:
+            return decision.refusal.error(run.workflow)
+        if run.run_id in taken:
+            with batch_index(index):
+                return existing_outcome(run, *taken[run.run_id], read_namespace)
+        self.create_run(run)
+        taken[run.run_id] = (run.workflow, run.namespace)
+        created.append(run.run_id)
+        return StartOutcome(True, run.workflow, run.namespace)
 
     def retry_run(
         self, run: RunRecord, quotas: Quota | Sequence[Quota] | None, *, read_namespace: str | None
@@ -679,6 +715,70 @@ def quota_transaction(
     return store.quota_locks([quota.key for quota in quotas])
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaDecision:
+    """What :func:`decide_quotas` read and decided for one start: the
+    :class:`~durable_django.admission.Refusal` (``None``: admitted), and, under fair
+    quotas, each quota's line (``None`` for a quota that is not fair) and the time they
+    were read at."""
+
+    refusal: Refusal | None
+    lines: tuple[Line | None, ...] = ()
+    now: datetime | None = None
+    read_namespace: str | None = None
+
+    def take(self, store: BaseStore) -> None:
+        """An admitted start's writes for its fair quotas: its kept ticket is dropped
+        (:meth:`BaseStore.drop_ticket`), and the hold its line is bound to ends once the
+        start commits (:meth:`BaseStore.end_hold`): the line took a held slot."""
+        admitted: tuple[str, str] | None = None  # a kept ticket's id, and its line's key
+        for line in self.lines:
+            if line is not None and line.kept and line.ticket is not None:
+                held_key = line.ticket.key if line.hold_ends is not None else ""
+                admitted = (line.ticket.id, held_key)
+        if admitted is None or self.now is None:
+            return
+        ticket_id, held_key = admitted
+        store.drop_ticket(ticket_id)
+        if held_key:
+            store.on_commit(_hold_ender(store, held_key, self.read_namespace, self.now))
+
+
+def decide_quotas(
+    store: BaseStore,
+    quotas: Sequence[Quota],
+    read_namespace: str | None,
+    ticket: Ticket | None = None,
+) -> QuotaDecision:
+    """Read what the admission rule needs, under the keys' locks, and decide
+    (:func:`durable_django.admission.decide`): each key's units
+    (:meth:`BaseStore.quota_units`) and, for a fair quota, the start's place in the
+    key's line of ``read_namespace`` (:func:`durable_django.tickets.place_in_line`: the
+    live kept tickets ahead of the start's ``ticket``, all of them without one, hold
+    their units). Writes nothing."""
+    if not quotas:
+        return QuotaDecision(None)
+    units = store.quota_units(quotas, read_namespace)
+    if not any(quota.fair for quota in quotas):
+        return QuotaDecision(decide(quotas, units))
+    now = timezone.now()
+    lines = tuple(
+        place_in_line(
+            store.ticket_line(quota.key, read_namespace),
+            ticket,
+            quota.key,
+            active=active,
+            limit=quota.limit,
+            weight=quota.weight,
+            now=now,
+        )
+        if quota.fair
+        else None
+        for quota, active in zip(quotas, units, strict=True)
+    )
+    return QuotaDecision(decide(quotas, units, lines), lines, now, read_namespace)
+
+
 def check_quotas(
     store: BaseStore,
     quotas: Sequence[Quota],
@@ -687,44 +787,13 @@ def check_quotas(
     ticket: Ticket | None = None,
 ) -> None:
     """Raise :class:`ConcurrencyLimitError` for the first of ``quotas`` whose key's units
-    and the run's weight would exceed its limit.
-
-    A fair quota adds the units of the live kept tickets ahead of the start's ``ticket``
-    (all of them without one) in the line of ``read_namespace``
-    (:func:`durable_django.tickets.place_in_line`): its refusal carries ``held`` and the
-    ``line`` it saw. When every quota admits, the start's kept ticket is dropped
-    (:meth:`BaseStore.drop_ticket`), and the hold its line is bound to ends once the
-    start commits (:meth:`BaseStore.end_hold`): the line took a held slot."""
-    if not quotas:
-        return
-    units = store.quota_units(quotas, read_namespace)
-    now: datetime | None = None
-    admitted: tuple[str, str] | None = None  # a kept ticket's id, and the key of its line
-    for quota, active in zip(quotas, units, strict=True):
-        line = None
-        if quota.fair:
-            now = now or timezone.now()
-            line = place_in_line(
-                store.ticket_line(quota.key, read_namespace),
-                ticket,
-                quota.key,
-                active=active,
-                limit=quota.limit,
-                weight=quota.weight,
-                now=now,
-            )
-        held = line.ahead if line is not None else 0
-        if active + held + quota.weight > quota.limit:
-            error = ConcurrencyLimitError(workflow, quota.key, quota.limit, active, held=held)
-            error.line = line
-            raise error
-        if line is not None and line.kept and line.ticket is not None:
-            admitted = (line.ticket.id, quota.key if line.hold_ends is not None else "")
-    if admitted is not None and now is not None:
-        ticket_id, held_key = admitted
-        store.drop_ticket(ticket_id)
-        if held_key:
-            store.on_commit(_hold_ender(store, held_key, read_namespace, now))
+    and the run's weight would exceed its limit (:func:`decide_quotas`); a fair quota's
+    refusal carries ``held`` and the ``line`` it saw. When every quota admits, take the
+    start's place (:meth:`QuotaDecision.take`)."""
+    decision = decide_quotas(store, quotas, read_namespace, ticket)
+    if decision.refusal is not None:
+        raise decision.refusal.error(workflow)
+    decision.take(store)
 
 
 def _hold_ender(

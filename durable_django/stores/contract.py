@@ -699,6 +699,42 @@ class StoreContract:
             batch(store, (new_run("twice", "a"), None), (new_run("twice", "b"), None))
         assert ids(store.list_runs()) == ["shared"]
 
+    def test_an_id_given_twice_in_a_namespace_not_read_clashes_as_two_starts_do(
+        self, store: BaseStore
+    ) -> None:
+        blue = new_run("twice", namespace="blue")
+        with store.atomic(), pytest.raises(DurableError, match=r"inputs\[2\]: .*namespace .blue."):
+            batch(
+                store,
+                (new_run("first"), None),
+                (blue, None),
+                (blue, None),
+                read_namespace="default",
+            )
+        assert store.list_runs() == []
+        assert batch(store, (blue, None), (blue, None), read_namespace="blue") == [
+            StartOutcome(True, "wf", "blue"),
+            StartOutcome(False, "wf", "blue"),
+        ]
+
+    def test_an_unchecked_start_on_a_taken_id_gets_the_existing_run(self, store: BaseStore) -> None:
+        start(store, new_run("taken"))
+        again = start(store, new_run("taken", input={"n": 2}), quota("k", 5), check_existing=False)
+        assert again == StartOutcome(False, "wf", "default")
+        assert read(store, "taken").input == {"run": "taken"}
+        assert store.count_runs(tag=quota_tag("k")) == 0
+        with pytest.raises(ConcurrencyLimitError):  # the quotas are counted first
+            start(store, new_run("taken"), quota("k", 0), check_existing=False)
+        with store.atomic(), pytest.raises(DurableError, match="workflow 'wf', not 'b'"):
+            start(store, new_run("taken", "b"), None, check_existing=False)
+        outcomes = batch(
+            store, (new_run("taken"), None), (new_run("new"), None), check_existing=False
+        )
+        assert outcomes == [
+            StartOutcome(False, "wf", "default"),
+            StartOutcome(True, "wf", "default"),
+        ]
+
     def test_a_batch_admits_each_start_under_every_quota_with_its_weight(
         self, store: BaseStore
     ) -> None:

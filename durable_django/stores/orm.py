@@ -55,6 +55,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
+from ..admission import decide, refused_by
 from ..concurrency import Quota
 from ..db import connection_lost
 from ..errors import ConcurrencyLimitError, DurableError
@@ -295,8 +296,9 @@ class OrmStore(BaseStore):
                 return self._start_on_mariadb(run, quotas, check_existing, read_namespace)
             return self._start_portable(run, quotas, check_existing, read_namespace, ticket)
         except IntegrityError:
-            # A concurrent start without a quota lock inserted the same run id first.
-            existing = self.get_run(run.run_id) if check_existing else None
+            # The id is taken: by a concurrent start without a quota lock that inserted it
+            # first, or, unchecked, by a run already there (BaseStore.start_run).
+            existing = self.get_run(run.run_id)
             if existing is None:
                 raise
             return existing_outcome(run, existing.workflow, existing.namespace, read_namespace)
@@ -361,8 +363,7 @@ class OrmStore(BaseStore):
         assert row is not None
         outcome, refused, active, workflow, namespace = row
         if outcome == "refused":
-            quota = quotas[refused - 1]
-            raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
+            raise refused_by(quotas, refused, active).error(run.workflow)
         if outcome == "exists":
             return existing_outcome(run, workflow, namespace, read_namespace)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
@@ -387,9 +388,9 @@ class OrmStore(BaseStore):
             return existing_outcome(run, found_workflow, found_namespace, read_namespace)
         if inserted:
             return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
-        for quota, active in zip(quotas, actives, strict=True):
-            if active + quota.weight > quota.limit:
-                raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
+        refusal = decide(quotas, actives)
+        if refusal is not None:
+            raise refusal.error(run.workflow)
         # Admitted, but a concurrent start without a quota lock inserted this id first;
         # it has committed by now, and this statement's snapshot sees it.
         with connections[self.using].cursor() as cursor:
@@ -442,8 +443,7 @@ class OrmStore(BaseStore):
                 existing = set(rows.values_list("key", flat=True))
                 insert_lock_rows_apart(connection, [key for key in keys if key not in existing])
         if outcome == "refused":
-            quota = quotas[refused - 1]
-            raise ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
+            raise refused_by(quotas, refused, active).error(run.workflow)
         if outcome == "exists":
             return existing_outcome(run, workflow, namespace, read_namespace)
         return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
@@ -502,10 +502,7 @@ class OrmStore(BaseStore):
             ):
                 run = start.run
                 if outcome == "refused":
-                    quota = start.quotas[refused - 1]
-                    outcomes.append(
-                        ConcurrencyLimitError(run.workflow, quota.key, quota.limit, int(active))
-                    )
+                    outcomes.append(refused_by(start.quotas, refused, active).error(run.workflow))
                 elif outcome == "exists":
                     # A clash raises here, inside the transaction: the batch is undone.
                     with batch_index(index):
@@ -629,6 +626,11 @@ class OrmStore(BaseStore):
     def get_run(self, run_id: str) -> RunRecord | None:
         row = self._runs().filter(pk=run_id).prefetch_related("tag_rows").first()
         return _record(row) if row is not None else None
+
+    def existing_runs(self, run_ids: Collection[str]) -> dict[str, tuple[str, str]]:
+        """One query for the whole batch."""
+        rows = self._runs().filter(pk__in=list(run_ids)).values_list("id", "workflow", "namespace")
+        return {run_id: (workflow, namespace) for run_id, workflow, namespace in rows}
 
     def list_runs(
         self,
