@@ -1,10 +1,9 @@
-"""One turn of a run: replay its recorded steps, run the new ones, suspend or finish.
+"""The ``Context`` a workflow body receives as ``ctx``: its durable calls.
 
-A run's body replays from the top on every turn. Each durable call (``ctx.step``,
-``ctx.sleep``, ``ctx.wait_for_signal``, ``ctx.child`` ...) takes the next position; what
-it did is recorded at that position, and a replay returns the recording instead of doing
-it again. A call that must wait raises :class:`Suspend`, which ends the turn with the run
-``suspended`` until a timer, a signal or a child wakes it.
+Each durable call (``ctx.step``, ``ctx.sleep``, ``ctx.wait_for_signal``, ``ctx.child`` ...)
+takes the next position; what it did is recorded at that position, and a replay returns
+the recording instead of doing it again. A call that must wait raises
+:class:`~durable_django.execution.control.Suspend`.
 """
 
 from __future__ import annotations
@@ -12,14 +11,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import logging
-import os
-import socket
 import sys
 import threading
 import time
-import traceback
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import (
     TYPE_CHECKING,
@@ -34,46 +28,34 @@ from typing import (
     overload,
 )
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 from django.db import transaction as db_transaction
 from django.utils import timezone
 
-from . import metrics
-from .concurrency import ConcurrencyOption
-from .context import current_context
-from .db import (
-    close_connections,
-    close_dropped_connections,
-    one_line,
-)
-from .errors import (
+from ..concurrency import ConcurrencyOption
+from ..context import current_context
+from ..db import close_dropped_connections, one_line
+from ..errors import (
     ChildWorkflowError,
     ConcurrencyLimitError,
     DurableError,
     NonDeterminismError,
     SignalTimeout,
     StepError,
-    UnstorableValueError,
 )
-from .limits import (
-    CHILD_STEP_PREFIX,
-    MAX_ERROR_MESSAGE,
-    MAX_ERROR_TRACEBACK,
-    SIGNAL_STEP_PREFIX,
-    text_lengths,
-)
-from .observability import events as observing
-from .records import RunRecord, StepRecord
-from .serialization import json_copy, storable_text, validate_text
-from .starting import RunHandle, WorkflowRef
-from .status import TERMINAL_STATUSES, RunStatus
-from .user_code import ControlFlow, user_failure
+from ..limits import CHILD_STEP_PREFIX, SIGNAL_STEP_PREFIX, text_lengths
+from ..observability import events as observing
+from ..records import RunRecord, StepRecord
+from ..serialization import json_copy, validate_text
+from ..starting import RunHandle, WorkflowRef
+from ..status import TERMINAL_STATUSES, RunStatus
+from ..user_code import user_failure
+from .control import DatabaseLost, LeaseLost, Suspend, TimeUp
+from .payloads import error_payload, refusal_from, refusal_payload
 
 if TYPE_CHECKING:
-    from .engines import Engine
-    from .stores.base import BaseStore
-
-logger = logging.getLogger(__name__)
+    from ..engines import Engine
+    from ..stores.base import BaseStore
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -116,31 +98,6 @@ def _typed_from_fn(method: Callable[..., Any]) -> DurableCall:
 IDLE_CHECK_SECONDS = 1.0
 
 
-class Suspend(ControlFlow):
-    """Ends the turn: the run waits for ``wait`` (until ``wake_at``, when given)."""
-
-    def __init__(self, wait: dict[str, Any], wake_at: datetime.datetime | None = None) -> None:
-        self.wait = wait
-        self.wake_at = wake_at
-        super().__init__(wait)
-
-
-class LeaseLost(ControlFlow):
-    """The worker no longer holds the run (cancelled, or its lease was handed on)."""
-
-
-class DatabaseLost(ControlFlow):
-    """The store's database went away during a durable call (a restart, a failover, a
-    network cut). The turn ends and records nothing; the run is handed back, to be
-    replayed, rather than failed for what was no fault of its own."""
-
-
-class TimeUp(ControlFlow):
-    """Celery's soft time limit fired after the turn completed a step: the turn ends
-    there and the run is handed back, to go on in a turn of its own (the interrupted
-    step runs again). A step that alone outlasts the limit fails its attempt instead."""
-
-
 def _time_up(context: Context, error: BaseException) -> bool:
     """Whether ``error`` is Celery's soft time limit, fired after this turn completed a
     step (billiard raises it in the worker's pool process)."""
@@ -160,59 +117,6 @@ def _reaching(store: BaseStore) -> Iterator[None]:
         if store.connection_lost(error):
             raise DatabaseLost(one_line(error)) from error
         raise
-
-
-def error_payload(error: BaseException) -> dict[str, Any]:
-    """A failure as JSON any store holds: its type, message and traceback, with the
-    characters a database refuses replaced and their length bounded. For a value that
-    could not be stored, also which value (``value``), where in it (``path``) and why
-    (``rule``)."""
-    try:
-        message = str(error)
-    except Exception:
-        message = f"<str() of {type(error).__name__} failed>"
-    try:
-        trace = "".join(traceback.format_exception(error))
-    except Exception:
-        trace = ""
-    payload = {
-        "type": f"{type(error).__module__}.{type(error).__qualname__}",
-        "message": message,
-        "traceback": trace,
-    }
-    if isinstance(error, UnstorableValueError):
-        payload.update(value=error.what, path=error.path, rule=error.rule)
-    return {
-        name: storable_text(
-            text,
-            MAX_ERROR_TRACEBACK if name == "traceback" else MAX_ERROR_MESSAGE,
-            keep_end=name == "traceback",
-        )
-        for name, text in payload.items()
-    }
-
-
-def refusal_payload(error: ConcurrencyLimitError) -> dict[str, Any]:
-    """A quota refusal as JSON, so a replay can raise the same refusal."""
-    return {
-        **error_payload(error),
-        "workflow": error.workflow,
-        "key": error.key,
-        "limit": error.limit,
-        "active": error.active,
-        "retry_after": error.retry_after,
-    }
-
-
-def _refusal_from(payload: dict[str, Any]) -> ConcurrencyLimitError:
-    # retry_after is recorded so that every replay sees the same; older records lack it.
-    return ConcurrencyLimitError(
-        payload["workflow"],
-        payload["key"],
-        payload["limit"],
-        payload["active"],
-        payload.get("retry_after", 0),
-    )
 
 
 def _backoff_seconds(backoff: float | Callable[[int], float], attempt: int) -> float:
@@ -642,7 +546,7 @@ class Context:
                 )
             self._record(recorded)
         if recorded.error is not None:
-            refusal = _refusal_from(recorded.error)
+            refusal = refusal_from(recorded.error)
             refusal.engine = self.engine  # for its holders()
             raise ChildWorkflowError(
                 f"child workflow {definition.name!r} was refused: {refusal}",
@@ -695,459 +599,4 @@ def _outside_body(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         current_context.reset(token)
 
 
-def worker_id() -> str:
-    """A name for this worker thread, unique enough to tell leases apart."""
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:8]}"
-
-
-@dataclasses.dataclass(slots=True)
-class _Lease:
-    """A turn's lease as its keeper sees it; times on this process's monotonic clock."""
-
-    engine: Engine
-    seconds: float
-    #: When the lease lapses unless it is renewed before.
-    expires: float
-    #: When the next renewal is due; None once the lease is lost.
-    due: float | None
-    #: Renewals that failed in a row.
-    failures: int = 0
-
-
-def _lease_expiry(run: RunRecord, seconds: float) -> float:
-    """When the lease the claim took lapses, on the monotonic clock."""
-    now = time.monotonic()
-    if run.lease_expires_at is None:
-        return now + seconds
-    left = (run.lease_expires_at - timezone.now()).total_seconds()
-    return now + min(left, seconds)
-
-
-def _retry_delay(lease: _Lease) -> float:
-    """How long after a failed renewal the next one is tried: 1 s, 2 s, 4 s ... at most a
-    sixth of the lease, and never after the moment the lease lapses."""
-    delay = min(2.0 ** (min(lease.failures, 16) - 1), lease.seconds / 6)
-    return min(delay, max(lease.expires - time.monotonic(), 0.0))
-
-
-class _LeaseKeeper:
-    """Renews the leases of the turns running in this process, from one daemon thread.
-
-    A turn hands its lease to the keeper while its body runs; every third of the lease's
-    length the keeper renews it, over a connection of its own that it closes after each
-    round. A renewal that fails (the database restarting or out of reach) is tried again
-    after 1 s, 2 s, 4 s ... (at most a sixth of the lease) until the lease lapses. The
-    turn is flagged (``lease_lost``) when a renewal finds the run no longer held, or when
-    the lease lapsed before a renewal got through: another worker may take the run from
-    then on. One long-lived thread, started on first use, instead of one thread per
-    turn: starting and joining a thread cost more than most turns' renewals (most turns
-    end before their first renewal is due).
-    """
-
-    def __init__(self) -> None:
-        self._reset()
-        os.register_at_fork(after_in_child=self._reset)
-
-    def _reset(self) -> None:
-        # In a forked child the keeper thread is gone, and its lock may have been held.
-        self._changed = threading.Condition()
-        self._leases: dict[Context, _Lease] = {}
-        self._renewing: Context | None = None
-        self._wakes_at: float | None = None  # when the keeper's wait ends (None: never)
-        self._thread: threading.Thread | None = None
-
-    @contextlib.contextmanager
-    def kept(self, engine: Engine, context: Context, seconds: float) -> Iterator[None]:
-        """Renew ``context``'s lease every third of ``seconds`` until the block ends."""
-        due = time.monotonic() + seconds / 3
-        lease = _Lease(engine, seconds, _lease_expiry(context.run, seconds), due)
-        with self._changed:
-            self._leases[context] = lease
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="durable lease keeper", daemon=True
-                )
-                self._thread.start()
-            elif self._wakes_at is None or due < self._wakes_at:
-                self._changed.notify_all()
-        try:
-            yield
-        finally:
-            with self._changed:
-                # A renewal under way ends before the turn goes on to finish the run.
-                while self._renewing is context:
-                    self._changed.wait()
-                del self._leases[context]
-            # The turn's end is written next, perhaps after a long last step.
-            context.check_connections()
-
-    def _run(self) -> None:
-        while True:
-            with self._changed:
-                while True:
-                    now = time.monotonic()
-                    times = [
-                        (lease.due, context)
-                        for context, lease in self._leases.items()
-                        if lease.due is not None
-                    ]
-                    due = [c for at, c in times if at <= now]
-                    if due:
-                        break
-                    self._wakes_at = min((at for at, _ in times), default=None)
-                    self._changed.wait(None if self._wakes_at is None else self._wakes_at - now)
-                self._wakes_at = now
-            try:
-                for context in due:
-                    self._renew(context)
-            finally:
-                # A fresh connection for the next round, and none held in between.
-                close_connections()
-
-    def _renew(self, context: Context) -> None:
-        with self._changed:
-            lease = self._leases.get(context)
-            if lease is None:
-                return  # the turn ended meanwhile
-            self._renewing = context
-        started = time.monotonic()
-        try:
-            held = lease.engine.store.transition(
-                context.run_id,
-                [RunStatus.RUNNING],
-                RunStatus.RUNNING,
-                owner=context.owner,
-                lease_expires_at=timezone.now() + datetime.timedelta(seconds=lease.seconds),
-            )
-        except Exception as error:
-            close_connections()
-            with self._renewal_done():
-                lease.failures += 1
-                lapsed = time.monotonic() >= lease.expires
-                lease.due = None if lapsed else time.monotonic() + _retry_delay(lease)
-            if lapsed:
-                context.lease_lost.set()
-                logger.warning(
-                    "lost the lease of run %r: it lapsed before a renewal got through (%s); "
-                    "the turn stops at its next durable call and records nothing",
-                    context.run_id,
-                    one_line(error),
-                )
-            else:
-                assert lease.due is not None
-                (logger.warning if lease.failures == 1 else logger.debug)(
-                    "renewing the lease of run %r failed (%s); trying again in %.1fs, "
-                    "before it lapses in %.1fs",
-                    context.run_id,
-                    one_line(error),
-                    lease.due - time.monotonic(),
-                    lease.expires - time.monotonic(),
-                )
-            return
-        with self._renewal_done():
-            failures, lease.failures = lease.failures, 0
-            lease.expires = started + lease.seconds
-            # Not held: cancelled, or handed on after this process stalled.
-            lease.due = time.monotonic() + lease.seconds / 3 if held else None
-        if not held:
-            context.lease_lost.set()
-        elif failures:
-            logger.info(
-                "renewed the lease of run %r after %d failed attempt(s)", context.run_id, failures
-            )
-
-    @contextlib.contextmanager
-    def _renewal_done(self) -> Iterator[None]:
-        """Update a lease once its renewal is done, and wake a turn waiting for that."""
-        with self._changed:
-            try:
-                yield
-            finally:
-                self._renewing = None
-                self._changed.notify_all()
-
-
-_lease_keeper = _LeaseKeeper()
-
-
-def _lease_kept(engine: Engine, context: Context, seconds: float) -> Any:
-    """Renew the run's lease every third of its length while the body runs."""
-    if not engine.store.is_shared:
-        return contextlib.nullcontext()
-    return _lease_keeper.kept(engine, context, seconds)
-
-
-#: What every end of a turn sets: the run is no longer held.
-_RELEASED = {"lease_owner": "", "lease_expires_at": None, "blocked_reason": ""}
-
-
-def execute_run(engine: Engine, run_id: str) -> bool:
-    """Claim a pending run, replay its body, and suspend or finish it.
-
-    Returns False when the run was not waiting for a worker (another took it, or it
-    ended). A run whose workflow version this process does not have is ``blocked``.
-    """
-    store = engine.store
-    config = engine.config
-    owner = worker_id()
-    now = timezone.now()
-    lease = datetime.timedelta(seconds=config.lease_seconds)
-    claim = {"lease_owner": owner, "lease_expires_at": now + lease, "started_at": now}
-    # The claim, the run and its steps at once (one round trip on PostgreSQL).
-    claimed = store.claim_run(run_id, **claim, wake_at=None)
-    if claimed is None:
-        return False
-    run, steps = claimed
-    metrics.run_claimed(run, steps, now)
-    with observing.turn(run, now) as turn:
-        turn.outcome = _turn(engine, run, steps, owner, turn)
-    return True
-
-
-def _turn(
-    engine: Engine, run: RunRecord, steps: list[StepRecord], owner: str, turn: observing.TurnEvent
-) -> str:
-    """A claimed run's turn: its body replayed, then its end written; returns how the
-    turn ended (:data:`~durable_django.observability.events.TURN_OUTCOMES`)."""
-    store = engine.store
-    config = engine.config
-    now = turn.claimed_at
-    run_id = run.run_id
-    definition = engine.registry.get(run.workflow, run.version)
-    if definition is None or definition.body is None:
-        store.transition(
-            run_id,
-            [RunStatus.RUNNING],
-            RunStatus.BLOCKED,
-            owner=owner,
-            lease_owner="",
-            lease_expires_at=None,
-            wake_at=now + datetime.timedelta(seconds=config.blocked_retry_seconds),
-            blocked_reason=(
-                f"workflow {run.workflow!r} version {run.version!r} is not registered "
-                f"for execution in this process"
-            ),
-        )
-        return "blocked"
-    context = Context(engine, run, steps, owner)
-    token = current_context.set(context)
-    try:
-        with _lease_kept(engine, context, config.lease_seconds):
-            status, fields = _run_body(observing.watched(turn, definition.body), context)
-    except LeaseLost:
-        return "lease_lost"
-    except DatabaseLost as lost:
-        _hand_back(engine, run, owner, str(lost))
-        return "handed_back"
-    except TimeUp as up:
-        _hand_back(engine, run, owner, str(up), cause="its turn ran out of time")
-        return "handed_back"
-    finally:
-        current_context.reset(token)
-    try:
-        status, fields, finished = _write_turn_end(
-            store, run_id, owner, status, context.unwritten, {**fields, **_RELEASED}
-        )
-    except DatabaseLost as lost:
-        _hand_back(engine, run, owner, str(lost))
-        return "handed_back"
-    if not finished:
-        return "lease_lost"
-    _after_turn(engine, run, status, fields.get("wait"))
-    return status
-
-
-def _write_turn_end(
-    store: BaseStore, run_id: str, owner: str, status: str, step: StepRecord | None, fields: Any
-) -> tuple[str, dict[str, Any], bool]:
-    """End the turn as the body left it: ``(status, fields, whether the run was held)``.
-
-    The values were checked before (what the store cannot hold failed the run or its
-    step already), so a write the database still refuses is tried once more (a deadlock
-    or a dropped connection passes). Refused again, the run ends ``failed`` with an
-    error record every database holds instead: a run must never stay ``running``, to be
-    handed on and replayed at each lease, holding its slot. A database that went away
-    rather than refused (its connection no longer answers) raises :class:`DatabaseLost`:
-    the run is handed back (:func:`_hand_back`), not failed. Only when the failed end's
-    write fails too does the error propagate; the run's lease then lapses and the tick
-    hands it on.
-    """
-    refusal: Exception | None = None
-    for _ in range(2):
-        try:
-            with _refusable(store):
-                return status, fields, _end_turn(store, run_id, owner, status, step, **fields)
-        except Exception as error:
-            logger.warning("run %r: the end of its turn was refused", run_id, exc_info=True)
-            refusal = error
-    assert refusal is not None
-    if store.connection_lost(refusal):
-        # Not refused: unreachable. Nothing of the run is at fault.
-        raise DatabaseLost(one_line(refusal)) from refusal
-    failed: dict[str, Any] = {
-        **_RELEASED,
-        "output": None,
-        "error": _unwritten_payload(status, refusal),
-        "finished_at": timezone.now(),
-        "wait": None,
-        "wake_at": None,
-    }
-    with _refusable(store):
-        held = store.transition(
-            run_id, [RunStatus.RUNNING], RunStatus.FAILED, owner=owner, **failed
-        )
-    return RunStatus.FAILED, failed, held
-
-
-def _hand_back(
-    engine: Engine,
-    run: RunRecord,
-    owner: str,
-    why: str,
-    cause: str = "the database went away during its turn",
-) -> None:
-    """After the database went away during a turn (or its time ran out): make the run
-    pending again, and send it, if the database is back; if not, the run keeps its lease
-    until it lapses and the tick hands it on. Either way the turn recorded nothing more,
-    and its last step runs again on the next turn (steps run at least once)."""
-    close_connections()
-    try:
-        handed = engine.store.transition(
-            run.run_id,
-            [RunStatus.RUNNING],
-            RunStatus.PENDING,
-            owner=owner,
-            lease_owner="",
-            lease_expires_at=None,
-        )
-    except DatabaseError as error:
-        close_connections()
-        logger.warning(
-            "run %r: %s (%s); the database cannot be reached (%s), "
-            "the run is handed on once its lease lapses",
-            run.run_id,
-            cause,
-            why,
-            one_line(error),
-        )
-        return
-    logger.warning(
-        "run %r: %s (%s); %s",
-        run.run_id,
-        cause,
-        why,
-        "handed back, to be replayed" if handed else "another worker or the tick has it",
-    )
-    if handed:
-        engine.send_each((run,))
-
-
-def _unwritten_payload(status: str, error: Exception) -> dict[str, Any]:
-    """The error record of a run whose turn's end the database refused: ASCII text of
-    bounded length, which every database and character set holds."""
-
-    def ascii_text(text: str) -> str:
-        return text.encode("ascii", "backslashreplace").decode("ascii")
-
-    refused = error_payload(error)
-    message = f"the end of the turn ({status}) could not be stored: {refused['message']}"
-    return {
-        "type": ascii_text(refused["type"][:200]),
-        "message": ascii_text(message[:2000]),
-        "traceback": ascii_text(refused["traceback"][-10_000:]),
-        "unwritten": status,
-    }
-
-
-@contextlib.contextmanager
-def _refusable(store: BaseStore) -> Iterator[None]:
-    """A write the database may refuse. Inside a transaction of the caller's (a test's),
-    in a savepoint, so that the transaction stays usable after a refusal; outside one, a
-    connection the refusal broke is closed (MariaDB closes its end on a statement larger
-    than ``max_allowed_packet``), so the next write opens a new one."""
-    using = store.using
-    if using is None:  # not a database of Django's
-        yield
-        return
-    connection = connections[using]
-    if connection.in_atomic_block:
-        with store.atomic():
-            yield
-        return
-    try:
-        yield
-    except Exception:
-        if connection.connection is not None and not connection.is_usable():
-            connection.close()
-        raise
-
-
-def _end_turn(
-    store: BaseStore, run_id: str, owner: str, status: str, step: StepRecord | None, **fields: Any
-) -> bool:
-    """The holder's transition ending the turn, with the turn's unwritten record if any."""
-    if step is None:
-        return store.transition(run_id, [RunStatus.RUNNING], status, owner=owner, **fields)
-    # One statement on PostgreSQL.
-    return store.end_turn(run_id, owner, status, step, **fields)
-
-
-def _run_body(body: Callable[[Any, Any], Any], context: Context) -> tuple[str, dict[str, Any]]:
-    try:
-        output = json_copy(
-            body(context, context.input), f"the output of workflow {context.run.workflow!r}"
-        )
-    except Suspend as suspend:
-        return RunStatus.SUSPENDED, {"wait": suspend.wait, "wake_at": suspend.wake_at}
-    except StepError as error:
-        # The run fails with what failed in the step, and says which step it was.
-        failure = {**error.error, "step": error.name}
-        failure.pop("retry_at", None)
-        return RunStatus.FAILED, {"error": failure, "finished_at": timezone.now(), "wait": None}
-    except BaseException as error:
-        context._stop_if_time_up(error, "between steps")
-        if not user_failure(error):
-            raise
-        return RunStatus.FAILED, {
-            "error": error_payload(error),
-            "finished_at": timezone.now(),
-            "wait": None,
-        }
-    return RunStatus.COMPLETED, {
-        "output": output,
-        "error": None,
-        "finished_at": timezone.now(),
-        "wait": None,
-    }
-
-
-def _after_turn(engine: Engine, run: RunRecord, status: str, wait: Any) -> None:
-    """Wake whoever this turn's end concerns, closing the races with signals and children.
-
-    A run that ended is announced (its parent woken). A run that just suspended on a
-    signal already sent, or on a child already ended, wakes itself: the sender or the
-    child may have looked for it a moment before it was suspended.
-    """
-    if status in TERMINAL_STATUSES:
-        engine.finished(run, status)
-        return
-    if status != RunStatus.SUSPENDED or not wait:
-        return
-    if "signal" in wait and engine.store.has_signal(wait["signal"]):
-        engine.wake(run.run_id)
-    elif "child" in wait:
-        child = engine.store.get_run(wait["child"])
-        if child is not None and child.status in TERMINAL_STATUSES:
-            engine.wake(run.run_id)
-
-
-__all__ = [
-    "Context",
-    "LeaseLost",
-    "NonDeterminismError",
-    "SignalTimeout",
-    "StepError",
-    "Suspend",
-    "current_context",
-    "execute_run",
-]
+__all__ = ["IDLE_CHECK_SECONDS", "Backoff", "Context", "DurableCall"]
