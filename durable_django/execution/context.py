@@ -197,10 +197,15 @@ class Context:
         store = self.engine.store
         with _reaching(store):
             held = store.record_held_step(self.run_id, step, self.owner, replace=replace)
+        self._check_held(held)
+        self._recorded[step.position] = step
+
+    def _check_held(self, held: bool) -> None:
+        """After a write made only while this worker holds the run: when it did not
+        (cancelled, or handed on), flag the lease lost and end the turn."""
         if not held:
             self.lease_lost.set()
             raise LeaseLost(self.run_id)
-        self._recorded[step.position] = step
 
     def _record_later(self, step: StepRecord) -> None:
         """Record ``step`` before the body's next durable call, or with the turn's end.
@@ -247,9 +252,7 @@ class Context:
         that dies in between runs ``fn`` again (at least once). See :meth:`transaction`
         for exactly once.
         """
-        validate_text(name, "step name", text_lengths().step_name)
-        position, recorded = self._next(name)
-        replayed, attempt = _replayed(name, recorded)
+        position, replayed, attempt = self._step_at(name)
         if attempt == 0:
             return replayed
         try:
@@ -257,9 +260,6 @@ class Context:
                 what = f"the result of step {name!r}"
                 result = json_copy(_outside_body(fn, *args, **kwargs), what)
         except BaseException as error:
-            self._stop_if_time_up(error, f"in step {name!r}")
-            if not user_failure(error):
-                raise
             self._fail(position, name, error, attempt, retries, backoff)
         self.ran += 1
         if attempt > 1:
@@ -295,11 +295,7 @@ class Context:
         another database, to a service) are not in the transaction: for them the step
         is at least once, as :meth:`step` is.
         """
-        validate_text(name, "step name", text_lengths().step_name)
-        position, recorded = self._next(name, flush=False)
-        if recorded is not None:
-            self._flush()
-        replayed, attempt = _replayed(name, recorded)
+        position, replayed, attempt = self._step_at(name, flush=False)
         if attempt == 0:
             return replayed
         step = StepRecord(position, name)
@@ -307,14 +303,21 @@ class Context:
             with observing.step(self.run, name, attempt, "transaction"):
                 result = self._in_transaction(step, attempt > 1, fn, args, kwargs)
         except BaseException as error:
-            self._stop_if_time_up(error, f"in step {name!r}")
-            if not user_failure(error):
-                raise
-            self._flush()
             self._fail(position, name, error, attempt, retries, backoff, "transaction")
         self.ran += 1
         self._recorded[position] = dataclasses.replace(step, result=result)
         return result
+
+    def _step_at(self, name: str, *, flush: bool = True) -> tuple[int, Any, int]:
+        """A step's name checked, then its position, with its recorded result and ``0``,
+        or ``None`` and the attempt to make now (:func:`_replayed`). A step found recorded
+        first writes the record kept in memory; otherwise, unless ``flush`` is false (a
+        transactional step, whose transaction writes it), so does a new one."""
+        validate_text(name, "step name", text_lengths().step_name)
+        position, recorded = self._next(name, flush=flush)
+        if recorded is not None:
+            self._flush()
+        return position, *_replayed(name, recorded)
 
     def _in_transaction(
         self,
@@ -344,9 +347,7 @@ class Context:
                     held = store.record_held_step(self.run_id, record, self.owner, replace=True)
                 else:
                     held = store.commit_held_step(self.run_id, record, self.owner)
-                if not held:
-                    self.lease_lost.set()
-                    raise LeaseLost(self.run_id)
+                self._check_held(held)
         except BaseException:
             # Rolled back: the earlier step's record is still to be written.
             self.unwritten = unwritten
@@ -370,8 +371,15 @@ class Context:
         backoff: float | Callable[[int], float],
         kind: Literal["step", "transaction"] = "step",
     ) -> NoReturn:
-        """Record a step's failed ``attempt``: suspend until the next one is due while
-        ``retries`` remain, else raise :class:`StepError`."""
+        """A step's failed ``attempt``, from the handler of what it raised: the engine's
+        control flow (and Celery's soft time limit after a completed step, as
+        :class:`TimeUp`) raised on; a user failure recorded, with the record kept in
+        memory written first, suspending until the next attempt is due while ``retries``
+        remain, else raising :class:`StepError`."""
+        self._stop_if_time_up(error, f"in step {name!r}")
+        if not user_failure(error):
+            raise  # the error being handled, as it was
+        self._flush()
         failure = {**error_payload(error), "attempts": attempt, "retry_at": None}
         delay = _backoff_seconds(backoff, attempt) if attempt <= retries else None
         observing.step_failed(self.run, name, attempt, kind, error, delay)
@@ -447,9 +455,7 @@ class Context:
             held = store.transition(
                 self.run_id, [RunStatus.RUNNING], RunStatus.RUNNING, owner=self.owner
             )
-            if not held:
-                self.lease_lost.set()
-                raise LeaseLost(self.run_id)
+            self._check_held(held)
             return store.take_signal(self.run_id, token, step)
 
     def start_child(
