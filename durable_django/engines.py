@@ -20,6 +20,8 @@ from .errors import RunNotFound, RunTimeout, WorkflowNotFound
 from .estimates import Holder
 from .events import PublishResult, publish
 from .execution import execute_run
+from .handles import BatchStart, WorkflowRef
+from .handles import RunHandle as RunHandle  # importable from here too, as before
 from .limits import text_lengths
 from .purging import purge
 from .records import NewRun
@@ -35,8 +37,7 @@ from .runtime import EngineConfig as EngineConfig  # importable from here, as be
 from .serialization import check_text, json_copy, validate_text
 from .signals import listened, run_finished
 from .signals import send as send_signal
-from .starting import BatchStart, StartOptions, WorkflowRef
-from .starting import RunHandle as RunHandle  # importable from here too, as before
+from .starting import StartOptions
 from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES, RunStatus
 from .stores.base import BaseStore, RunRecord
 from .task_meta import task_priority

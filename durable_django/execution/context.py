@@ -43,11 +43,11 @@ from ..errors import (
     SignalTimeout,
     StepError,
 )
+from ..handles import RunHandle, WorkflowRef
 from ..limits import CHILD_STEP_PREFIX, SIGNAL_STEP_PREFIX, text_lengths
 from ..observability import events as observing
 from ..records import RunRecord, StepRecord
 from ..serialization import json_copy, validate_text
-from ..starting import RunHandle, WorkflowRef
 from ..status import TERMINAL_STATUSES, RunStatus
 from ..user_code import user_failure
 from .control import DatabaseLost, LeaseLost, Suspend, TimeUp
