@@ -265,7 +265,7 @@ class Engine:
         namespace: str | None = None,
     ) -> BatchStart:
         """Start one run of ``workflow`` per input, in one transaction; returns a
-        :class:`~durable_django.starting.BatchStart`.
+        :class:`~durable_django.handles.BatchStart`.
 
         Each run is quota-checked against its own key in the order of ``inputs``, as
         ``start`` would one after another: a refused one is listed in ``refused`` with its
