@@ -18,8 +18,8 @@ from .errors import (
     WorkflowNotFound,
 )
 from .execution import Context
+from .handles import BatchStart, RunHandle
 from .observability import RunInfo, current_run
-from .starting import BatchStart, RunHandle
 from .status import RunStatus
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 Low in the package, so that the start path can tell a start made inside a body (a child
 start, which neither waits for a slot nor presents a ticket) without importing the turn
-that sets it (:mod:`durable_django.execution`, which imports the start path).
+that sets it (:mod:`durable_django.execution`, which starts children through the engine).
 """
 
 from __future__ import annotations

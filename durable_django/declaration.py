@@ -19,8 +19,9 @@ from .context import current_context
 from .engines import Engine, default_engine
 from .errors import DurableError
 from .execution import Context
+from .handles import BatchStart, Input, Output, RunHandle
 from .registry import WorkflowDefinition, make_definition
-from .starting import BatchStart, Input, Output, RunHandle, StartOptions
+from .starting import StartOptions
 from .waiting import Wait, refuse_in_body
 
 #: The input of a start that gives none: the body receives ``None``. Typed ``Any``, so

@@ -20,6 +20,8 @@ from .errors import RunNotFound, RunTimeout, WorkflowNotFound
 from .estimates import Holder
 from .events import PublishResult, publish
 from .execution import execute_run
+from .handles import BatchStart, WorkflowRef
+from .handles import RunHandle as RunHandle  # importable from here too, as before
 from .limits import text_lengths
 from .purging import purge
 from .records import NewRun
@@ -35,8 +37,7 @@ from .runtime import EngineConfig as EngineConfig  # importable from here, as be
 from .serialization import check_text, json_copy, validate_text
 from .signals import listened, run_finished
 from .signals import send as send_signal
-from .starting import BatchStart, StartOptions, WorkflowRef
-from .starting import RunHandle as RunHandle  # importable from here too, as before
+from .starting import StartOptions
 from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES, RunStatus
 from .stores.base import BaseStore, RunRecord
 from .task_meta import task_priority
@@ -264,7 +265,7 @@ class Engine:
         namespace: str | None = None,
     ) -> BatchStart:
         """Start one run of ``workflow`` per input, in one transaction; returns a
-        :class:`~durable_django.starting.BatchStart`.
+        :class:`~durable_django.handles.BatchStart`.
 
         Each run is quota-checked against its own key in the order of ``inputs``, as
         ``start`` would one after another: a refused one is listed in ``refused`` with its

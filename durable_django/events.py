@@ -6,12 +6,13 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .handles import RunHandle
 from .limits import text_lengths
 from .observability import events as observing
 from .serialization import json_copy, validate_text
 from .signals import event_skipped
 from .signals import send as send_signal
-from .starting import Planned, RunHandle, start_together
+from .starting import Planned, start_together
 
 if TYPE_CHECKING:
     from .runtime import Runtime

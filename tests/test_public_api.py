@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 
 import pytest
 
@@ -15,6 +17,7 @@ from durable_django import (
     engines,
     errors,
     execution,
+    handles,
     starting,
     windows,
     workflow,
@@ -40,7 +43,13 @@ def test_every_error_lives_in_errors_and_is_exported():
 def test_no_error_is_defined_outside_errors():
     """The package's exceptions (those a caller may catch) are all in ``errors``; what
     execution raises to end a turn derives from ``BaseException`` and is no error."""
-    for module in (execution, engines, starting):
+    packages = (execution, starting)
+    submodules = [
+        importlib.import_module(f"{package.__name__}.{info.name}")
+        for package in packages
+        for info in pkgutil.iter_modules(package.__path__)
+    ]
+    for module in (*packages, *submodules, engines, handles):
         for name, value in vars(module).items():
             if isinstance(value, type) and issubclass(value, Exception):
                 assert not value.__module__.startswith("durable_django.") or (

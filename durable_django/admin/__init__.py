@@ -7,7 +7,8 @@ state goes through the default engine (``durable_django.engine``), never a raw u
 so the quota, the tags' copy of the status and the Django signals stay right.
 """
 
-from .runs import RunAdmin, quota_row, refusal_text
+from .quotas import quota_row
+from .runs import RunAdmin, refusal_text
 from .schedules import ScheduleAdmin
 
 __all__ = ["RunAdmin", "ScheduleAdmin", "quota_row", "refusal_text"]

@@ -24,8 +24,7 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_http_methods, require_POST
 
-from .. import estimates
-from ..concurrency import DEFAULT_CONCURRENCY_STATUSES, quota_tag
+from ..concurrency import quota_tag
 from ..engines import default_engine
 from ..errors import ConcurrencyLimitError, DurableError
 from ..limits import CHILD_STEP_PREFIX, TAG_PREFIX
@@ -33,7 +32,6 @@ from ..models import Run, RunTag, Step
 from ..status import ACTIVE_STATUSES, RunStatus
 from ..stores.orm import OrmStore
 from ..task_meta import TASK_WORKFLOW, shown_name
-from ..tasks_backend import shown_usage
 from .deletion import below_active_messages, runs_below_active
 from .display import (
     ReadOnlyInline,
@@ -47,11 +45,9 @@ from .display import (
     status_badge,
     timestamp_field,
 )
+from .quotas import quota_page
 
 if TYPE_CHECKING:
-    from ..estimates import Estimate
-    from ..usage import QuotaUsage
-
     # django-stubs makes ModelAdmin generic in its model; Django's own class takes no
     # subscript at runtime.
     _ModelAdmin = admin.ModelAdmin[Run]
@@ -619,29 +615,8 @@ class RunAdmin(_ModelAdmin):
         ]
 
     def quotas_view(self, request: HttpRequest) -> HttpResponse:
-        """Every quota key holding active runs (or the one asked for with ``?key=``), its
-        active runs against the limit its workflows declare, and a link to those runs."""
-        if not self.has_view_or_change_permission(request):
-            raise PermissionDenied
-        key = request.GET.get("key", "").strip() or None
-        changelist = reverse(self._urlname("changelist"), current_app=self.admin_site.name)
-        shown = [shown_usage(default_engine, usage) for usage in default_engine.quota_usage(key)]
-        rows = [
-            quota_row(usage, changelist, estimates.for_usage(default_engine, usage))
-            for usage in shown
-        ]
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.model._meta,
-            "title": _("Quotas"),
-            "subtitle": None,
-            "rows": rows,
-            "key": key or "",
-            "statuses": ", ".join(DEFAULT_CONCURRENCY_STATUSES),
-            "changelist_url": changelist,
-        }
-        request.current_app = self.admin_site.name
-        return TemplateResponse(request, self.quota_template, context)
+        """The quota page (:func:`~durable_django.admin.quotas.quota_page`)."""
+        return quota_page(self, request)
 
 
 #: What :meth:`RunAdmin.operate` tells after cancelling or retrying (singular, plural).
@@ -668,64 +643,4 @@ def refusal_text(error: ConcurrencyLimitError) -> str:
         "key": error.key,
         "active": error.active,
         "limit": error.limit,
-    }
-
-
-def quota_row(
-    usage: QuotaUsage, changelist_url: str, estimate: Estimate | None = None
-) -> dict[str, Any]:
-    """What the quota page shows for one :class:`~durable_django.usage.QuotaUsage`, with
-    its :func:`~durable_django.estimates.for_usage` estimate when given."""
-    limit = usage.limit
-    if limit is None:
-        percent = None
-    elif limit <= 0:
-        percent = 100
-    else:
-        percent = min(100, round(usage.active * 100 / limit))
-    query = urlencode({"tag": usage.tag, "status__in": ",".join(DEFAULT_CONCURRENCY_STATUSES)})
-    return {
-        "key": usage.key,
-        "tag": usage.tag,
-        "active": usage.active,
-        "limit": limit,
-        "limit_computed": usage.limit_computed,
-        "limit_error": usage.limit_error,
-        "full": usage.full,
-        "percent": percent,
-        "workflows": usage.workflows,
-        "runs_url": f"{changelist_url}?{query}",
-        **estimate_cells(usage, estimate),
-    }
-
-
-def estimate_cells(usage: QuotaUsage, estimate: Estimate | None) -> dict[str, Any]:
-    """The oldest holder's age and the next slot's estimate, as the quota page shows them."""
-    if estimate is None:
-        return {
-            "oldest_age": None,
-            "oldest_age_text": "-",
-            "next_slot": None,
-            "next_slot_text": "-",
-        }
-    oldest = estimate.oldest_age
-    cells: dict[str, Any] = {
-        "oldest_age": oldest,
-        "oldest_age_text": duration_text(oldest) if oldest is not None else "-",
-    }
-    if usage.limit is not None and not usage.full:
-        return {**cells, "next_slot": None, "next_slot_text": gettext("free now")}
-    if estimate.basis != estimates.HISTORY:
-        text = gettext("unknown (%(basis)s)") % {"basis": estimate.basis}
-        return {**cells, "next_slot": None, "next_slot_text": text}
-    text = gettext("in about %(duration)s (from %(samples)d finished runs, typically %(typical)s)")
-    return {
-        **cells,
-        "next_slot": estimate.seconds,
-        "next_slot_text": text
-        % {
-            "duration": duration_text(estimate.seconds),
-            "samples": estimate.samples,
-            "typical": duration_text(estimate.typical or 0),
-        },
     }
