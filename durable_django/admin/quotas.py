@@ -3,7 +3,7 @@ its limit, the oldest holder's age and when the next slot likely frees."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlencode
 
 from django.core.exceptions import PermissionDenied
@@ -22,10 +22,21 @@ from .display import duration_text
 if TYPE_CHECKING:
     from ..estimates import Estimate
     from ..usage import QuotaUsage
-    from .runs import RunAdmin
 
 
-def quota_page(model_admin: RunAdmin, request: HttpRequest) -> HttpResponse:
+class QuotaPageAdmin(Protocol):
+    """What the quota page needs of the run admin that serves it."""
+
+    admin_site: Any
+    model: Any
+    quota_template: str
+
+    def has_view_or_change_permission(self, request: HttpRequest) -> bool: ...
+
+    def _urlname(self, view: str) -> str: ...
+
+
+def quota_page(model_admin: QuotaPageAdmin, request: HttpRequest) -> HttpResponse:
     """Every quota key holding active runs (or the one asked for with ``?key=``), its
     active runs against the limit its workflows declare, and a link to those runs."""
     if not model_admin.has_view_or_change_permission(request):
