@@ -303,17 +303,20 @@ BEGIN
                 p_weights[i], p_keys[i];
         END IF;
         v_tag := 'concurrency:' || p_keys[i];
-        SELECT coalesce(sum(c.units), 0) INTO v_active
-        FROM (
-            SELECT DISTINCT s.status FROM unnest(p_statuses[i:i]) AS s(status)
-            WHERE s.status IS NOT NULL
-        ) AS st
-        CROSS JOIN LATERAL (
-            SELECT sum(t.weight) AS units FROM durable_run_tag t
-            WHERE t.tag = v_tag AND t.status = st.status
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-        ) AS c;
-        IF v_active + p_weights[i] > p_limits[i] THEN
+        v_active := (
+            SELECT coalesce(sum(c.weight), 0) AS active
+            FROM (
+                SELECT DISTINCT s.status FROM unnest(p_statuses[i:i]) AS s(status)
+                WHERE s.status IS NOT NULL
+            ) AS st
+            CROSS JOIN LATERAL (
+                SELECT t.weight FROM durable_run_tag AS t
+                WHERE t.tag = v_tag AND t.status = st.status
+                    AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+                OFFSET 0
+            ) AS c
+        );
+        IF NOT (v_active + p_weights[i] <= p_limits[i]) THEN
             RETURN QUERY SELECT 'refused'::text, i, v_active, NULL::text, NULL::text;
             RETURN;
         END IF;
@@ -321,10 +324,11 @@ BEGIN
     INSERT INTO durable_run (
         id, workflow, version, namespace, status, queue, input, output, error,
         parent_id, blocked_reason, attempt, created_at, updated_at, started_at, finished_at
-    ) VALUES (
+    )
+    SELECT
         p_id, p_workflow, p_version, p_namespace, 'pending', p_queue, p_input, NULL, NULL,
         p_parent_id, '', p_attempt, v_now, v_now, NULL, NULL
-    ) ON CONFLICT (id) DO NOTHING;
+    ON CONFLICT (id) DO NOTHING;
     IF NOT FOUND THEN
         -- A concurrent start inserted this id first; it has committed by now.
         RETURN QUERY SELECT 'exists'::text, NULL::integer, 0::bigint, r.workflow::text,
@@ -332,16 +336,13 @@ BEGIN
             FROM durable_run r WHERE r.id = p_id;
         RETURN;
     END IF;
-    IF v_quotas = 0 THEN
-        INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)
-            SELECT p_id, tag, 'pending', p_namespace, 1 FROM unnest(p_tags) AS tag;
-    ELSE
-        INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)
-            SELECT p_id, t.tag, 'pending', p_namespace, coalesce(q.weight, 1)
-            FROM unnest(p_tags) AS t(tag)
-            LEFT JOIN unnest(p_keys, p_weights) AS q(key, weight)
-                ON t.tag = 'concurrency:' || q.key;
-    END IF;
+    INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)
+    SELECT p_id, t.tag, 'pending', p_namespace, t.weight
+    FROM (
+        SELECT t.tag, coalesce(q.weight, 1) FROM unnest(p_tags) AS t(tag)
+        LEFT JOIN unnest(p_keys, p_weights) AS q(key, weight)
+            ON t.tag = 'concurrency:' || q.key
+    ) AS t(tag, weight);
     RETURN QUERY SELECT 'created'::text, NULL::integer, v_active, p_workflow, p_namespace;
 END
 $$;
@@ -674,10 +675,11 @@ BEGIN
     IF v_counting_pendings IS NOT NULL THEN
         WITH pair AS MATERIALIZED (
             SELECT p.n::integer AS pair, (
-                SELECT coalesce(sum(t.weight), 0)
-                FROM durable_run_tag AS t
-                WHERE t.tag = 'concurrency:' || p.key AND t.status = p.status
-                    AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+                SELECT coalesce(sum(c.weight), 0) FROM (
+                    SELECT t.weight FROM durable_run_tag AS t
+                    WHERE t.tag = 'concurrency:' || p.key AND t.status = p.status
+                        AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+                ) AS c
             ) AS units
             FROM unnest(v_pair_keys, v_pair_statuses) WITH ORDINALITY AS p(key, status, n)
         )
@@ -699,6 +701,7 @@ BEGIN
     v_active := array_fill(0::bigint, ARRAY[v_n]);
     v_found_workflows := array_fill(NULL::text, ARRAY[v_n]);
     v_found_namespaces := array_fill(NULL::text, ARRAY[v_n]);
+    -- The decision of durable_start_run_v2 (its definition), for each element in order.
     FOR v_e IN 1 .. v_n LOOP
         v_first := v_quota;
         v_quota := v_quota + v_quotas[v_e];
@@ -719,7 +722,7 @@ BEGIN
             END IF;
             v_count := v_counting_units[v_quota_countings[v_q]]
                 + v_counting_pendings[v_quota_countings[v_q]] * v_added[v_quota_keys[v_q]];
-            IF v_count + v_weight > v_limits[v_q] THEN
+            IF NOT (v_count + v_weight <= v_limits[v_q]) THEN
                 v_refusing := v_q - v_first + 1;
                 EXIT;
             END IF;
@@ -758,8 +761,9 @@ BEGIN
                 parent_id, blocked_reason, attempt, created_at, updated_at, started_at,
                 finished_at
             )
-            SELECT u.id, u.workflow, u.version, u.namespace, 'pending', u.queue, u.input,
-                NULL, NULL, u.parent_id, '', u.attempt, u.now, u.now, NULL, NULL
+            SELECT
+                u.id, u.workflow, u.version, u.namespace, 'pending', u.queue, u.input, NULL, NULL,
+                u.parent_id, '', u.attempt, u.now, u.now, NULL, NULL
             FROM (
                 -- a subquery of its own: clock_timestamp() is read once per row
                 SELECT u.*, clock_timestamp() AS now
