@@ -42,8 +42,8 @@
 --    and namespace, with nothing written (its own transaction rolled back);
 -- 4. for each quota of p_quotas (a JSON array, in declaration order, of [tag, limit,
 --    weight, [statuses]], any number of statuses, each counted once), the sum of the
---    weights of the tag's rows in those statuses (in p_read_namespace when given), one
---    index search by tag and status per status; the first whose sum and
+--    weights of the tag's rows in those statuses (in p_read_namespace when given), read
+--    from the (tag, status, namespace) index by tag and status; the first whose sum and
 --    weight exceed its limit returns 'refused', its 1-based position and the sum, with
 --    nothing written (its own transaction rolled back);
 -- 5. the run ('pending', created_at and updated_at p_now) and its tags (p_tags, a JSON
@@ -164,15 +164,13 @@ body: BEGIN
         SET v_tag = JSON_VALUE(p_quotas, CONCAT(v_path, '[0]'));
         SET v_limit = JSON_VALUE(p_quotas, CONCAT(v_path, '[1]'));
         SET v_weight = JSON_VALUE(p_quotas, CONCAT(v_path, '[2]'));
-        SELECT COALESCE(SUM(t.weight), 0) INTO v_active
-            FROM (
-                SELECT DISTINCT j.status FROM JSON_TABLE(
+        SELECT COALESCE(SUM(t.weight), 0) INTO v_active FROM durable_run_tag AS t
+            WHERE t.tag = v_tag
+                AND t.status IN (SELECT j.status FROM JSON_TABLE(
                     JSON_EXTRACT(p_quotas, CONCAT(v_path, '[3]')), '$[*]'
                     COLUMNS (status VARCHAR(16) {charset:durable_run_tag.status} PATH '$')
-                ) AS j
-            ) AS s
-            JOIN durable_run_tag AS t ON t.tag = v_tag AND t.status = s.status
-            WHERE p_read_namespace IS NULL OR t.namespace = p_read_namespace;
+                ) AS j)
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace);
         IF v_active + v_weight > v_limit THEN
             IF p_own_transaction THEN
                 ROLLBACK;
