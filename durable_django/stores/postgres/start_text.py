@@ -3,11 +3,13 @@
 A start's SQL is sent two ways: ``durable_start_run_v2`` (``functions.sql``), and, for
 the first start on a connection, the same work as plain statements
 (:func:`statements`, one query string), which a new server process plans faster than it
-compiles the function. Both are rendered here from the same fragments: the count of a
-quota's units (:func:`units`, one index search per distinct status: :func:`search`), the
-admission condition (:func:`admits`) and the inserts of the run and its tags
-(:func:`insert_run`, :func:`insert_tags`). The set-based batch ``durable_start_runs_v2``
-uses :func:`search`, :func:`admits` and :func:`insert_run` too.
+compiles the function. Both are rendered here from the same fragments: the index search
+of one (tag, status) (:func:`search`), summed into a quota's units (:func:`units` in the
+function, whose statuses are an argument; :func:`units_of_statuses` in the statements,
+whose statuses are known as they are written), the admission condition (:func:`admits`)
+and the inserts of the run and its tags (:func:`insert_run`, :func:`insert_tags`). The
+set-based batch ``durable_start_runs_v2`` uses :func:`search`, :func:`admits` and
+:func:`insert_run` too.
 
 ``functions.sql`` holds the rendered text, as released: ``tests/test_postgresql_functions.py``
 checks that :func:`start_function` equals the file's ``durable_start_run_v2`` and that the
