@@ -88,7 +88,7 @@ def statements_maker(conn: psycopg.Connection[Any]) -> Callable[[str], str]:
     """The first start's statements as ``OrmStore`` sends them, with their values."""
     from durable_django.concurrency import Quota
     from durable_django.records import NewRun
-    from durable_django.stores.orm import _start_statements
+    from durable_django.stores.postgres.first_start import statements as start_statements
 
     quota = Quota(KEY, 1_000_000, ("pending", "running", "suspended", "blocked"))
     cursor = psycopg.ClientCursor(conn)
@@ -103,7 +103,7 @@ def statements_maker(conn: psycopg.Connection[Any]) -> Callable[[str], str]:
             tags=(f"concurrency:{KEY}",),
             queue="durable_bench",
         )
-        sql, params = _start_statements(run, (quota,), False, None)
+        sql, params = start_statements(run, (quota,), False, None)
         return cursor.mogrify(sql, params)
 
     return statements

@@ -309,6 +309,42 @@ def test_the_count_reads_only_the_counted_statuses_of_the_index():
     assert read_next() - before < 10  # the run counted, not the 300 completed ones
 
 
+@mariadb_only
+@pytest.mark.django_db(transaction=True)
+def test_a_quota_counts_any_number_of_statuses_each_once():
+    """A row of eleven statuses, each active status named more than once: each counted
+    once, and no cap on the row's length."""
+    key = fresh("k")
+    tag = f"concurrency:{key}"
+    QuotaLock.objects.create(key=key)
+    for n, status in enumerate(ACTIVE):
+        Run.objects.create(id=f"{key}-{n}", workflow="wf", version="1", status=status, input={})
+        RunTag.objects.create(run_id=f"{key}-{n}", tag=tag, status=status, namespace="default")
+    statuses = [*ACTIVE, *ACTIVE, "running", "pending", "blocked"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"CALL {PROCEDURE}({', '.join(['%s'] * 15)})",
+            [
+                fresh("run"),
+                False,
+                "wf",
+                "1",
+                "default",
+                "{}",
+                json.dumps([[tag, 1]]),
+                "q",
+                None,
+                1,
+                json.dumps([key]),
+                json.dumps([[tag, 5, 1, statuses]]),
+                None,
+                "2026-01-01 00:00:00",
+                True,
+            ],
+        )
+        assert cursor.fetchone() == ("created", None, 4, "wf", "default")
+
+
 # the migration -------------------------------------------------------------------------
 
 

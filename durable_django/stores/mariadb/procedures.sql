@@ -41,8 +41,9 @@
 -- 3. with p_check_existing, a run with id p_id is returned as 'exists' with its workflow
 --    and namespace, with nothing written (its own transaction rolled back);
 -- 4. for each quota of p_quotas (a JSON array, in declaration order, of [tag, limit,
---    weight, [statuses]], at most seven statuses), the sum of the weights of the tag's
---    rows in those statuses (in p_read_namespace when given); the first whose sum and
+--    weight, [statuses]], any number of statuses, each counted once), the sum of the
+--    weights of the tag's rows in those statuses (in p_read_namespace when given), read
+--    from the (tag, status, namespace) index by tag and status; the first whose sum and
 --    weight exceed its limit returns 'refused', its 1-based position and the sum, with
 --    nothing written (its own transaction rolled back);
 -- 5. the run ('pending', created_at and updated_at p_now) and its tags (p_tags, a JSON
@@ -87,8 +88,6 @@ body: BEGIN
     DECLARE v_tag VARCHAR(255) {charset:durable_run_tag.tag};
     DECLARE v_workflow VARCHAR(200) CHARACTER SET utf8mb4;
     DECLARE v_namespace VARCHAR(100) CHARACTER SET utf8mb4;
-    DECLARE v_s1, v_s2, v_s3, v_s4, v_s5, v_s6, v_s7 VARCHAR(16)
-        {charset:durable_run_tag.status};
     DECLARE v_sql LONGTEXT CHARACTER SET utf8mb4;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION
     BEGIN
@@ -165,17 +164,13 @@ body: BEGIN
         SET v_tag = JSON_VALUE(p_quotas, CONCAT(v_path, '[0]'));
         SET v_limit = JSON_VALUE(p_quotas, CONCAT(v_path, '[1]'));
         SET v_weight = JSON_VALUE(p_quotas, CONCAT(v_path, '[2]'));
-        SET v_s1 = JSON_VALUE(p_quotas, CONCAT(v_path, '[3][0]'));
-        SET v_s2 = JSON_VALUE(p_quotas, CONCAT(v_path, '[3][1]'));
-        SET v_s3 = JSON_VALUE(p_quotas, CONCAT(v_path, '[3][2]'));
-        SET v_s4 = JSON_VALUE(p_quotas, CONCAT(v_path, '[3][3]'));
-        SET v_s5 = JSON_VALUE(p_quotas, CONCAT(v_path, '[3][4]'));
-        SET v_s6 = JSON_VALUE(p_quotas, CONCAT(v_path, '[3][5]'));
-        SET v_s7 = JSON_VALUE(p_quotas, CONCAT(v_path, '[3][6]'));
-        SELECT COALESCE(SUM(weight), 0) INTO v_active FROM durable_run_tag
-            WHERE tag = v_tag
-                AND status IN (v_s1, v_s2, v_s3, v_s4, v_s5, v_s6, v_s7)
-                AND (p_read_namespace IS NULL OR namespace = p_read_namespace);
+        SELECT COALESCE(SUM(t.weight), 0) INTO v_active FROM durable_run_tag AS t
+            WHERE t.tag = v_tag
+                AND t.status IN (SELECT j.status FROM JSON_TABLE(
+                    JSON_EXTRACT(p_quotas, CONCAT(v_path, '[3]')), '$[*]'
+                    COLUMNS (status VARCHAR(16) {charset:durable_run_tag.status} PATH '$')
+                ) AS j)
+                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace);
         IF v_active + v_weight > v_limit THEN
             IF p_own_transaction THEN
                 ROLLBACK;

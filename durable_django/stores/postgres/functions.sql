@@ -220,7 +220,8 @@ $$;
 -- p_keys, p_limits and p_weights are parallel arrays, one element per quota, the keys
 -- distinct (a caller merges two quotas of one key), every weight at least 1; empty arrays
 -- make an unlimited start. p_statuses is a two-dimensional array, row i the statuses of
--- quota i (at most seven, each once; a shorter row is padded with NULL). p_tags holds every
+-- quota i (any number of them, a status named twice counted once; a shorter row is padded
+-- with NULL, which counts nothing). p_tags holds every
 -- tag of the run, its quotas' tags 'concurrency:' || key among them. Returns one row:
 -- outcome 'created', 'exists' (with the existing run's workflow and namespace) or
 -- 'refused' (with refused, the 1-based position of the first quota that refused, and
@@ -229,13 +230,16 @@ $$;
 -- PL/pgSQL takes a fresh snapshot for each statement of a volatile function at READ
 -- COMMITTED, so each count sees every run committed before the locks were granted.
 --
--- A quota's count is a UNION ALL of one branch per status, tag = K AND status = S: both
--- columns are the search key of the index on (tag, status, namespace), so it reads only
--- the key's runs in the counted statuses, never its finished history, whatever the
--- planner's statistics say (with status = ANY(...) the planner reads every index entry of
--- a key whose runs came after the last ANALYZE). One statement, so one snapshot. A row of
--- p_statuses holds at most the seven statuses; the branches past its end compare with
--- NULL and read nothing.
+-- A quota's count is one index search per distinct status of its row, tag = K AND
+-- status = S (a LATERAL sum for each status): both columns are the search key of the
+-- index on (tag, status, namespace), so it reads only the key's runs in the counted
+-- statuses, never its finished history, whatever the planner's statistics say (with
+-- status = ANY(...) the planner reads every index entry of a key whose runs came after
+-- the last ANALYZE). One statement, so one snapshot.
+--
+-- Its text is rendered by durable_django.stores.postgres.start_text (start_function), from
+-- the fragments the first start's statements are made of: change the fragments there and
+-- render it again (python -m durable_django.stores.postgres.start_text), never by hand.
 --
 -- The statements are planned once per connection, and these settings make that safe:
 -- plan_cache_mode = force_generic_plan (one plan, kept until the tables' statistics
@@ -280,9 +284,6 @@ BEGIN
             OR coalesce(array_length(p_statuses, 1), 0) <> v_quotas THEN
             RAISE EXCEPTION 'durable_start_run_v2 takes one limit, weight and row of statuses per key';
         END IF;
-        IF array_length(p_statuses, 2) > 7 THEN
-            RAISE EXCEPTION 'durable_start_run_v2 counts at most 7 distinct statuses';
-        END IF;
         IF v_quotas = 1 THEN
             PERFORM durable_lock_quota_key_v1(p_keys[1]);
         ELSE
@@ -306,29 +307,20 @@ BEGIN
                 p_weights[i], p_keys[i];
         END IF;
         v_tag := 'concurrency:' || p_keys[i];
-        SELECT coalesce(sum(counted.weight), 0) INTO v_active FROM (
-            SELECT t.weight FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[i][1]
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-            UNION ALL
-            SELECT t.weight FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[i][2]
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-            UNION ALL
-            SELECT t.weight FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[i][3]
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-            UNION ALL
-            SELECT t.weight FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[i][4]
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-            UNION ALL
-            SELECT t.weight FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[i][5]
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-            UNION ALL
-            SELECT t.weight FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[i][6]
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-            UNION ALL
-            SELECT t.weight FROM durable_run_tag t WHERE t.tag = v_tag AND t.status = p_statuses[i][7]
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-        ) AS counted;
-        IF v_active + p_weights[i] > p_limits[i] THEN
+        v_active := (
+            SELECT coalesce(sum(c.weight), 0) AS active
+            FROM (
+                SELECT DISTINCT s.status FROM unnest(p_statuses[i:i]) AS s(status)
+                WHERE s.status IS NOT NULL
+            ) AS st
+            CROSS JOIN LATERAL (
+                SELECT t.weight FROM durable_run_tag AS t
+                WHERE t.tag = v_tag AND t.status = st.status
+                    AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+                OFFSET 0
+            ) AS c
+        );
+        IF NOT (v_active + p_weights[i] <= p_limits[i]) THEN
             RETURN QUERY SELECT 'refused'::text, i, v_active, NULL::text, NULL::text;
             RETURN;
         END IF;
@@ -336,10 +328,11 @@ BEGIN
     INSERT INTO durable_run (
         id, workflow, version, namespace, status, queue, input, output, error,
         parent_id, blocked_reason, attempt, created_at, updated_at, started_at, finished_at
-    ) VALUES (
+    )
+    SELECT
         p_id, p_workflow, p_version, p_namespace, 'pending', p_queue, p_input, NULL, NULL,
         p_parent_id, '', p_attempt, v_now, v_now, NULL, NULL
-    ) ON CONFLICT (id) DO NOTHING;
+    ON CONFLICT (id) DO NOTHING;
     IF NOT FOUND THEN
         -- A concurrent start inserted this id first; it has committed by now.
         RETURN QUERY SELECT 'exists'::text, NULL::integer, 0::bigint, r.workflow::text,
@@ -347,16 +340,13 @@ BEGIN
             FROM durable_run r WHERE r.id = p_id;
         RETURN;
     END IF;
-    IF v_quotas = 0 THEN
-        INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)
-            SELECT p_id, tag, 'pending', p_namespace, 1 FROM unnest(p_tags) AS tag;
-    ELSE
-        INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)
-            SELECT p_id, t.tag, 'pending', p_namespace, coalesce(q.weight, 1)
-            FROM unnest(p_tags) AS t(tag)
-            LEFT JOIN unnest(p_keys, p_weights) AS q(key, weight)
-                ON t.tag = 'concurrency:' || q.key;
-    END IF;
+    INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)
+    SELECT p_id, t.tag, 'pending', p_namespace, t.weight
+    FROM (
+        SELECT t.tag, coalesce(q.weight, 1) FROM unnest(p_tags) AS t(tag)
+        LEFT JOIN unnest(p_keys, p_weights) AS q(key, weight)
+            ON t.tag = 'concurrency:' || q.key
+    ) AS t(tag, weight);
     RETURN QUERY SELECT 'created'::text, NULL::integer, v_active, p_workflow, p_namespace;
 END
 $$;
@@ -420,8 +410,8 @@ $$;
 --    keys: each of its tags 'concurrency:' || K, K a key of the batch, with that weight,
 --    when its namespace is counted (p_read_namespace NULL, or its namespace). It finds
 --    the arguments durable_start_run_v2 refuses (limits, weights or rows of statuses not
---    matching the keys in number, rows naming more than seven statuses, a key named
---    twice): the batch raises before anything is locked.
+--    matching the keys in number, a key named twice): the batch raises before anything
+--    is locked. A counting's row holds its statuses each once, in one order.
 -- 2. Every key of the batch is locked by one call of durable_lock_quota_keys_v1 (byte
 --    order, COLLATE "C", which is also the code point order the portable path sorts keys
 --    in): batches and single starts serialise on the same locks and never wait on each
@@ -432,9 +422,9 @@ $$;
 --    holding it (in any namespace); none when no element checks existing.
 -- 4. One statement counts the units of each distinct (key, status) pair once: the sum of
 --    the weights of the key's tag rows in that status (in p_read_namespace when given),
---    read from the index on (tag, status, namespace) by tag and status, as each branch
+--    read from the index on (tag, status, namespace) by tag and status, as each search
 --    of durable_start_run_v2's count is; a counting's units are the sum over the statuses
---    of its row (a status named twice counts twice, as it does there).
+--    of its row (a status named twice counts once, as it does there).
 -- 5. A loop over the elements decides each in order, on arrays, with no SQL: one that
 --    checks existing and whose id is held (before the batch, or by an earlier element)
 --    is 'exists'; else each of its quotas in order, its units being its counting's plus,
@@ -502,7 +492,7 @@ DECLARE
     v_added bigint[];  -- the units the batch's created runs added
     -- per counting, by number
     v_counting_units bigint[];  -- the units it counts before the batch
-    v_counting_pendings integer[];  -- how many times its row names 'pending'
+    v_counting_pendings integer[];  -- 1 when its row names 'pending', else 0
     -- per (key, status) pair, and per (counting, pair) a counting's row makes
     v_pair_keys text[];
     v_pair_statuses text[];
@@ -558,8 +548,6 @@ BEGIN
                     OR coalesce(array_length(el.statuses, 1), 0) <> cardinality(el.keys)
                     OR array_ndims(el.statuses) <> 2
                     THEN 'takes one limit, weight and row of statuses per key'
-                WHEN array_length(el.statuses, 2) > 7
-                    THEN 'counts at most 7 distinct statuses'
                 WHEN cardinality(el.keys) > 1
                     AND (SELECT count(DISTINCT k) FROM unnest(el.keys) AS k)
                         <> cardinality(el.keys)
@@ -570,10 +558,11 @@ BEGIN
     ), quota AS (
         SELECT el.ord, k.i, k.key, k.lim, k.weight,
             dense_rank() OVER (ORDER BY k.key)::integer AS key_number,
-            -- the quota's row of statuses, seven wide (durable_start_run_v2's branches)
-            ARRAY[el.statuses[k.i][1], el.statuses[k.i][2], el.statuses[k.i][3],
-                el.statuses[k.i][4], el.statuses[k.i][5], el.statuses[k.i][6],
-                el.statuses[k.i][7]] AS statuses
+            -- the quota's row of statuses, each once, in one order
+            ARRAY(
+                SELECT DISTINCT s.status FROM unnest(el.statuses[k.i:k.i]) AS s(status)
+                WHERE s.status IS NOT NULL ORDER BY 1
+            ) AS statuses
         FROM element AS el,
             unnest(el.keys, el.limits, el.weights) WITH ORDINALITY AS k(key, lim, weight, i)
     ), numbered AS (
@@ -582,7 +571,7 @@ BEGIN
     ), counting AS (
         SELECT DISTINCT n.counting, n.key, n.statuses FROM numbered AS n
     ), counted AS (
-        -- each status of each counting's row, once each time the row names it
+        -- each status of each counting's row
         SELECT c.counting, c.key, s.status,
             dense_rank() OVER (ORDER BY c.key, s.status)::integer AS pair
         FROM counting AS c, unnest(c.statuses) AS s(status)
@@ -690,10 +679,11 @@ BEGIN
     IF v_counting_pendings IS NOT NULL THEN
         WITH pair AS MATERIALIZED (
             SELECT p.n::integer AS pair, (
-                SELECT coalesce(sum(t.weight), 0)
-                FROM durable_run_tag AS t
-                WHERE t.tag = 'concurrency:' || p.key AND t.status = p.status
-                    AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+                SELECT coalesce(sum(c.weight), 0) FROM (
+                    SELECT t.weight FROM durable_run_tag AS t
+                    WHERE t.tag = 'concurrency:' || p.key AND t.status = p.status
+                        AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+                ) AS c
             ) AS units
             FROM unnest(v_pair_keys, v_pair_statuses) WITH ORDINALITY AS p(key, status, n)
         )
@@ -715,6 +705,7 @@ BEGIN
     v_active := array_fill(0::bigint, ARRAY[v_n]);
     v_found_workflows := array_fill(NULL::text, ARRAY[v_n]);
     v_found_namespaces := array_fill(NULL::text, ARRAY[v_n]);
+    -- The decision of durable_start_run_v2 (its definition), for each element in order.
     FOR v_e IN 1 .. v_n LOOP
         v_first := v_quota;
         v_quota := v_quota + v_quotas[v_e];
@@ -735,7 +726,7 @@ BEGIN
             END IF;
             v_count := v_counting_units[v_quota_countings[v_q]]
                 + v_counting_pendings[v_quota_countings[v_q]] * v_added[v_quota_keys[v_q]];
-            IF v_count + v_weight > v_limits[v_q] THEN
+            IF NOT (v_count + v_weight <= v_limits[v_q]) THEN
                 v_refusing := v_q - v_first + 1;
                 EXIT;
             END IF;
@@ -774,8 +765,9 @@ BEGIN
                 parent_id, blocked_reason, attempt, created_at, updated_at, started_at,
                 finished_at
             )
-            SELECT u.id, u.workflow, u.version, u.namespace, 'pending', u.queue, u.input,
-                NULL, NULL, u.parent_id, '', u.attempt, u.now, u.now, NULL, NULL
+            SELECT
+                u.id, u.workflow, u.version, u.namespace, 'pending', u.queue, u.input, NULL, NULL,
+                u.parent_id, '', u.attempt, u.now, u.now, NULL, NULL
             FROM (
                 -- a subquery of its own: clock_timestamp() is read once per row
                 SELECT u.*, clock_timestamp() AS now

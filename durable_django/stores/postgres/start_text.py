@@ -1,0 +1,349 @@
+"""The PostgreSQL texts of the admission rule, built from one set of fragments.
+
+A start's SQL is sent two ways: ``durable_start_run_v2`` (``functions.sql``), and, for
+the first start on a connection, the same work as plain statements
+(:func:`statements`, one query string), which a new server process plans faster than it
+compiles the function. Both are rendered here from the same fragments: the index search
+of one (tag, status) (:func:`search`), summed into a quota's units (:func:`units` in the
+function, whose statuses are an argument; :func:`units_of_statuses` in the statements,
+whose statuses are known as they are written), the admission condition (:func:`admits`)
+and the inserts of the run and its tags (:func:`insert_run`, :func:`insert_tags`). The
+set-based batch ``durable_start_runs_v2`` uses :func:`search`, :func:`admits` and
+:func:`insert_run` too.
+
+``functions.sql`` holds the rendered text, as released: ``tests/test_postgresql_functions.py``
+checks that :func:`start_function` equals the file's ``durable_start_run_v2`` and that the
+batch holds the fragments as rendered here. ``python -m
+durable_django.stores.postgres.start_text`` writes the rendered function into the file.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+
+from ...concurrency import Quota
+from ...limits import TAG_PREFIX
+from ...records import NewRun
+from . import FUNCTIONS, FUNCTIONS_FILE
+
+#: The columns a start writes into ``durable_run``, in :func:`run_row`'s order.
+RUN_COLUMNS = (
+    "id, workflow, version, namespace, status, queue, input, output, error,\n"
+    "parent_id, blocked_reason, attempt, created_at, updated_at, started_at, finished_at"
+)
+
+
+def search(tag: str, status: str, namespace: str | None) -> str:
+    """The weights of ``tag``'s rows in one ``status`` (in ``namespace`` unless it is NULL;
+    ``None``: every namespace): ``tag`` and ``status`` are the search key of the index on
+    (tag, status, namespace), so it reads only those rows, never the key's finished
+    history, whatever the planner's statistics say."""
+    text = f"SELECT t.weight FROM durable_run_tag AS t\nWHERE t.tag = {tag} AND t.status = {status}"
+    if namespace is not None:
+        text += f"\n    AND ({namespace} IS NULL OR t.namespace = {namespace})"
+    return text
+
+
+def units(tag: str, statuses: str, namespace: str | None) -> str:
+    """A quota's units, as one statement (one snapshot): :func:`search` for each distinct
+    non-NULL status of the array ``statuses``, summed (``active``). ``OFFSET 0`` keeps each
+    search a subquery of its own: merged into a join, it would be searched by tag alone,
+    reading the key's finished history."""
+    return (
+        "SELECT coalesce(sum(c.weight), 0) AS active\n"
+        "FROM (\n"
+        f"    SELECT DISTINCT s.status FROM unnest({statuses}) AS s(status)\n"
+        "    WHERE s.status IS NOT NULL\n"
+        ") AS st\n"
+        "CROSS JOIN LATERAL (\n"
+        + _indented(search(tag, "st.status", namespace), 4)
+        + "\n    OFFSET 0\n"
+        ") AS c"
+    )
+
+
+def units_of_statuses(tag: str, statuses: int, namespace: str | None) -> str:
+    """A quota's units when its ``statuses`` (distinct) are known as the text is written:
+    a ``UNION ALL`` of one :func:`search` per status (``%s`` each), summed (``active``);
+    planned faster than :func:`units`' ``LATERAL`` on a new connection."""
+    searches = [search(tag, "%s", namespace) for _ in range(statuses)]
+    return (
+        "SELECT coalesce(sum(c.weight), 0) AS active\nFROM (\n"
+        + _indented("\nUNION ALL\n".join(searches), 4)
+        + "\n) AS c"
+    )
+
+
+def admits(units: str, weight: str, limit: str) -> str:
+    """The admission of one quota: its units and the start's weight within its limit."""
+    return f"{units} + {weight} <= {limit}"
+
+
+def run_row(
+    run_id: str,
+    workflow: str,
+    version: str,
+    namespace: str,
+    queue: str,
+    input: str,
+    parent_id: str,
+    attempt: str,
+    now: str,
+) -> str:
+    """A new run's values, in :data:`RUN_COLUMNS`' order: ``pending``, created and
+    updated at ``now``."""
+    return (
+        f"{run_id}, {workflow}, {version}, {namespace}, 'pending', {queue}, {input}, NULL,"
+        f" NULL,\n{parent_id}, '', {attempt}, {now}, {now}, NULL, NULL"
+    )
+
+
+def insert_run(row: str, rest: str = "") -> str:
+    """The insert of a new run (of runs, with ``rest`` a FROM clause) of :func:`run_row`'s
+    ``row``; an id already held inserts nothing."""
+    return (
+        f"INSERT INTO durable_run (\n{_indented(RUN_COLUMNS, 4)}\n)\n"
+        f"SELECT\n{_indented(row, 4)}\n{rest}ON CONFLICT (id) DO NOTHING"
+    )
+
+
+def insert_tags(run_id: str, namespace: str, tags: str) -> str:
+    """The insert of a new run's tag rows from ``tags``, a relation of ``(tag, weight)``
+    rows: a quota's tag weighs its quota's weight, any other tag 1 (:func:`weighed_tags`
+    in the function; the statements write the weights as values). ``run_id`` may name a
+    column of a relation ``run`` (the statements' inserted run), which is then read."""
+    source = "run, " if run_id.startswith("run.") else ""
+    return (
+        "INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)\n"
+        f"SELECT {run_id}, t.tag, 'pending', {namespace}, t.weight\n"
+        f"FROM {source}{tags} AS t(tag, weight)"
+    )
+
+
+def weighed_tags(tags: str, keys: str, weights: str) -> str:
+    """The ``(tag, weight)`` rows of the array ``tags``: a quota's tag ``'concurrency:' ||
+    key`` weighs its weight (``keys`` and ``weights`` parallel arrays), any other tag 1."""
+    return (
+        f"(\n    SELECT t.tag, coalesce(q.weight, 1) FROM unnest({tags}) AS t(tag)\n"
+        f"    LEFT JOIN unnest({keys}, {weights}) AS q(key, weight)\n"
+        f"        ON t.tag = '{TAG_PREFIX}' || q.key\n)"
+    )
+
+
+def _indented(text: str, spaces: int) -> str:
+    return textwrap.indent(text, " " * spaces)
+
+
+_START_FUNCTION = """\
+CREATE OR REPLACE FUNCTION durable_start_run_v2(
+    p_id text,
+    p_check_existing boolean,
+    p_workflow text,
+    p_version text,
+    p_namespace text,
+    p_input jsonb,
+    p_tags text[],
+    p_queue text,
+    p_parent_id text,
+    p_attempt integer,
+    p_keys text[],
+    p_limits integer[],
+    p_weights integer[],
+    p_statuses text[],
+    p_read_namespace text
+) RETURNS TABLE(
+    outcome text, refused integer, active bigint, found_workflow text, found_namespace text
+)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET max_parallel_workers_per_gather = 0
+SET jit = off
+AS $$
+DECLARE
+    v_quotas integer := coalesce(cardinality(p_keys), 0);
+    v_active bigint := 0;
+    v_now timestamptz := clock_timestamp();
+    v_tag text;
+BEGIN
+    IF v_quotas > 0 THEN
+        IF coalesce(cardinality(p_limits), 0) <> v_quotas
+            OR coalesce(cardinality(p_weights), 0) <> v_quotas
+            OR coalesce(array_length(p_statuses, 1), 0) <> v_quotas THEN
+            RAISE EXCEPTION 'durable_start_run_v2 takes one limit, weight and row of statuses per key';
+        END IF;
+        IF v_quotas = 1 THEN
+            PERFORM durable_lock_quota_key_v1(p_keys[1]);
+        ELSE
+            IF (SELECT count(DISTINCT k) FROM unnest(p_keys) AS k) <> v_quotas THEN
+                RAISE EXCEPTION 'durable_start_run_v2 takes each key once';
+            END IF;
+            PERFORM durable_lock_quota_keys_v1(p_keys);
+        END IF;
+    END IF;
+    IF p_check_existing THEN
+        RETURN QUERY SELECT 'exists'::text, NULL::integer, 0::bigint, r.workflow::text,
+                r.namespace::text
+            FROM durable_run r WHERE r.id = p_id;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    FOR i IN 1 .. v_quotas LOOP
+        IF p_weights[i] IS NULL OR p_weights[i] < 1 THEN
+            RAISE EXCEPTION 'durable_start_run_v2: weight % of key % is below 1',
+                p_weights[i], p_keys[i];
+        END IF;
+        v_tag := '{prefix}' || p_keys[i];
+        v_active := (
+{units}
+        );
+        IF NOT ({admits}) THEN
+            RETURN QUERY SELECT 'refused'::text, i, v_active, NULL::text, NULL::text;
+            RETURN;
+        END IF;
+    END LOOP;
+{insert_run};
+    IF NOT FOUND THEN
+        -- A concurrent start inserted this id first; it has committed by now.
+        RETURN QUERY SELECT 'exists'::text, NULL::integer, 0::bigint, r.workflow::text,
+                r.namespace::text
+            FROM durable_run r WHERE r.id = p_id;
+        RETURN;
+    END IF;
+{insert_tags};
+    RETURN QUERY SELECT 'created'::text, NULL::integer, v_active, p_workflow, p_namespace;
+END
+$$;"""  # noqa: E501 (the function's text, as released)
+
+
+def start_function() -> str:
+    """The statement creating ``durable_start_run_v2``, as ``functions.sql`` holds it."""
+    return (
+        _START_FUNCTION.replace("{prefix}", TAG_PREFIX)
+        .replace("{units}", _indented(units("v_tag", "p_statuses[i:i]", "p_read_namespace"), 12))
+        .replace("{admits}", admits("v_active", "p_weights[i]", "p_limits[i]"))
+        .replace(
+            "{insert_run}",
+            _indented(
+                insert_run(
+                    run_row(
+                        "p_id",
+                        "p_workflow",
+                        "p_version",
+                        "p_namespace",
+                        "p_queue",
+                        "p_input",
+                        "p_parent_id",
+                        "p_attempt",
+                        "v_now",
+                    )
+                ),
+                4,
+            ),
+        )
+        .replace(
+            "{insert_tags}",
+            _indented(
+                insert_tags("p_id", "p_namespace", weighed_tags("p_tags", "p_keys", "p_weights")),
+                4,
+            ),
+        )
+    )
+
+
+#: Reads the run holding an id, after statements found it taken.
+EXISTING_SQL = "SELECT workflow, namespace FROM durable_run WHERE id = %s"
+
+
+def statements(
+    run: NewRun, quotas: Sequence[Quota], check_existing: bool, read_namespace: str | None
+) -> tuple[str, list[Any]]:
+    """``durable_start_run_v2``'s work as one query string, its parameters bound on the
+    client: the lock of each key, then one statement that checks for an existing run
+    (``check_existing``), counts each quota's units (:func:`units`), and inserts the run
+    and its tags (:func:`insert_run`, :func:`insert_tags`) when every quota admits its
+    weight (:func:`admits`). Its one row: the existing run's workflow and namespace (or
+    NULLs), whether the run was inserted, and each quota's units.
+
+    The locks are ``durable_lock_quota_key_v1``'s, one statement per key in the keys' code
+    point order, which is ``durable_lock_quota_keys_v1``'s byte order: the function's
+    locks, in its order. The statements of one query string run in one transaction
+    (outside the caller's, an implicit one, which holds the locks to its end). At READ
+    COMMITTED the last statement takes its snapshot after the locks were granted, so its
+    counts see every start committed before.
+    """
+    params: list[Any] = sorted(quota.key for quota in quotas)
+    locks = "".join("SELECT durable_lock_quota_key_v1(%s);\n" for _ in quotas)
+    ctes = []
+    if check_existing:
+        ctes.append("existing AS (SELECT workflow, namespace FROM durable_run WHERE id = %s)")
+        params.append(run.run_id)
+    numbers = range(1, len(quotas) + 1)
+    namespace = None if read_namespace is None else "%s"
+    namespaces = [] if read_namespace is None else [read_namespace, read_namespace]
+    for number, quota in zip(numbers, quotas, strict=True):
+        count = units_of_statuses("%s", len(quota.count_statuses), namespace)
+        ctes.append(f"q{number} AS (\n{count}\n)")
+        for status in quota.count_statuses:
+            params += [TAG_PREFIX + quota.key, status, *namespaces]
+    admitted = [admits(f"q{number}.active", "%s", "%s") for number in numbers]
+    params_admitted = [value for quota in quotas for value in (quota.weight, quota.limit)]
+    if check_existing:
+        admitted.append("NOT EXISTS (SELECT FROM existing)")
+    counts = "".join(f", q{number}" for number in numbers)
+    row = run_row("%s", "%s", "%s", "%s", "%s", "%s::jsonb", "%s", "%s", "clock.at")
+    where = "WHERE " + " AND ".join(admitted) + "\n" if admitted else ""
+    ctes.append(
+        "run AS (\n"
+        + insert_run(row, f"FROM (SELECT clock_timestamp() AS at) AS clock{counts}\n{where}")
+        + "\nRETURNING id\n)"
+    )
+    params += [
+        run.run_id,
+        run.workflow,
+        run.version,
+        run.namespace,
+        run.queue,
+        json.dumps(run.input, cls=DjangoJSONEncoder),
+        run.parent_id,
+        run.attempt,
+        *params_admitted,
+    ]
+    if run.tags:
+        values = "(VALUES " + ", ".join("(%s, %s)" for _ in run.tags) + ")"
+        ctes.append(f"tags AS (\n{insert_tags('run.id', '%s', values)}\n)")
+        weights = {TAG_PREFIX + quota.key: quota.weight for quota in quotas}
+        params.append(run.namespace)
+        params += [value for tag in run.tags for value in (tag, weights.get(tag, 1))]
+    existing = (
+        "(SELECT workflow FROM existing), (SELECT namespace FROM existing)"
+        if check_existing
+        else "NULL, NULL"
+    )
+    actives = "".join(f", q{number}.active" for number in numbers)
+    sql = (
+        locks
+        + "WITH "
+        + ",\n".join(ctes)
+        + f"\nSELECT {existing}, EXISTS (SELECT FROM run){actives}"
+        + (" FROM " + ", ".join(f"q{number}" for number in numbers) if quotas else "")
+    )
+    return sql, params
+
+
+def rewrite_functions_file() -> None:
+    """Write :func:`start_function` into ``functions.sql`` in place of its
+    ``durable_start_run_v2``."""
+    text = FUNCTIONS_FILE.read_text(encoding="utf-8")
+    current = FUNCTIONS.parse(text)["durable_start_run_v2"]
+    FUNCTIONS_FILE.write_text(text.replace(current, start_function()), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    rewrite_functions_file()
