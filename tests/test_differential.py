@@ -55,6 +55,7 @@ COUNTED = [
     ("pending", "running"),
     ("suspended", "blocked", "running"),
     ("running", "pending", "running"),
+    ("pending", "running", "pending", "blocked"),
 ]
 
 Op = tuple[Any, ...]

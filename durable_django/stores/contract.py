@@ -498,6 +498,14 @@ class StoreContract:
             store.transition(run_id, RunStatus.values, RunStatus.COMPLETED)
         assert start(store, new_run("run-3"), quota("k", 1)).created
 
+    def test_a_status_named_twice_counts_once(self, store: BaseStore) -> None:
+        twice = quota("k", 2, (RunStatus.RUNNING, RunStatus.PENDING, RunStatus.RUNNING))
+        start(store, new_run("run-1"), twice)
+        store.transition("run-1", [RunStatus.PENDING], RunStatus.RUNNING)
+        assert start(store, new_run("run-2"), twice).created
+        assert refused_at(batch(store, (new_run("run-3"), twice))) == [0]
+        assert store.quota_units([twice], None) == [2]
+
     def test_an_existing_run_is_returned_before_the_quota_is_counted(
         self, store: BaseStore
     ) -> None:

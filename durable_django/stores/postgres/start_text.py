@@ -288,9 +288,10 @@ def statements(
     namespace = None if read_namespace is None else "%s"
     namespaces = [] if read_namespace is None else [read_namespace, read_namespace]
     for number, quota in zip(numbers, quotas, strict=True):
-        count = units_of_statuses("%s", len(quota.count_statuses), namespace)
+        statuses = dict.fromkeys(quota.count_statuses)  # each status counted once
+        count = units_of_statuses("%s", len(statuses), namespace)
         ctes.append(f"q{number} AS (\n{count}\n)")
-        for status in quota.count_statuses:
+        for status in statuses:
             params += [TAG_PREFIX + quota.key, status, *namespaces]
     admitted = [admits(f"q{number}.active", "%s", "%s") for number in numbers]
     params_admitted = [value for quota in quotas for value in (quota.weight, quota.limit)]
