@@ -144,14 +144,18 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
         read_namespace: str | None,
         ticket: Ticket | None,
     ) -> StartOutcome:
-        # A fair quota's tickets are read by the portable path only: the server-side
-        # starts know none.
+        # The server-side starts know no fair quota's tickets: a fair start reads them
+        # in Python, on PostgreSQL in two round trips, elsewhere on the portable path.
         server_side = not any(quota.fair for quota in quotas)
         if server_side and self._fast():
             return self._start_on_postgresql(run, quotas, check_existing, read_namespace)
         try:
             if server_side and self._procedure():
                 return self._start_on_mariadb(run, quotas, check_existing, read_namespace)
+            if not server_side and self._fair_in_two():
+                return self._start_fair_on_postgresql(
+                    run, quotas, check_existing, read_namespace, ticket
+                )
             return self._start_portable(run, quotas, check_existing, read_namespace, ticket)
         except IntegrityError:
             # The id is taken: by a concurrent start without a quota lock that inserted it

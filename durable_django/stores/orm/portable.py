@@ -5,7 +5,7 @@ the dialects' paths (docs/stores.md, "The ORM store's paths")."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.db import connections
@@ -215,52 +215,91 @@ def portable_sql(connection: BaseDatabaseWrapper) -> PortableSql:
 def insert_run(connection: BaseDatabaseWrapper, cursor: Any, run: NewRun) -> None:
     """Insert the pending ``run`` and its tags (weighing ``run.weights``) on ``cursor``:
     two statements, the tags in one multi-row insert."""
+    for statement, params in insert_run_statements(connection, run):
+        cursor.execute(statement, params)
+
+
+def insert_run_statements(
+    connection: BaseDatabaseWrapper, run: NewRun
+) -> list[tuple[str, list[Any]]]:
+    """The statements inserting the pending ``run`` and its tags (weighing
+    ``run.weights``), with their parameters: the run, and its tags in one multi-row
+    insert when it has any."""
     sql = portable_sql(connection)
     now = connection.ops.adapt_datetimefield_value(timezone.now())
-    cursor.execute(
-        sql.insert_run,
-        [
-            run.run_id,
-            run.workflow,
-            run.version,
-            run.namespace,
-            RunStatus.PENDING.value,
-            run.queue,
-            model_field(Run, "input", JSONField).get_db_prep_save(run.input, connection),
-            run.parent_id,
-            run.attempt,
-            now,
-            now,
-            *sql.run_defaults,
-        ],
-    )
-    if run.tags:
-        pending = RunStatus.PENDING.value
-        cursor.execute(
-            sql.insert_tags(len(run.tags)),
+    statements: list[tuple[str, list[Any]]] = [
+        (
+            sql.insert_run,
             [
-                value
-                for tag in run.tags
-                for value in (run.run_id, tag, pending, run.namespace, run.weights.get(tag, 1))
+                run.run_id,
+                run.workflow,
+                run.version,
+                run.namespace,
+                RunStatus.PENDING.value,
+                run.queue,
+                model_field(Run, "input", JSONField).get_db_prep_save(run.input, connection),
+                run.parent_id,
+                run.attempt,
+                now,
+                now,
+                *sql.run_defaults,
             ],
         )
+    ]
+    if run.tags:
+        pending = RunStatus.PENDING.value
+        statements.append(
+            (
+                sql.insert_tags(len(run.tags)),
+                [
+                    value
+                    for tag in run.tags
+                    for value in (run.run_id, tag, pending, run.namespace, run.weights.get(tag, 1))
+                ],
+            )
+        )
+    return statements
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitsQuery:
+    """``RunTagQuerySet.units``'s query for some quotas, written once per shape: its
+    statement and parameters (``None`` when it counts nothing), and the reading of its
+    rows into each quota's units."""
+
+    statement: str | None
+    params: list[Any]
+    wanted: list[tuple[str, list[str]]]
+
+    def units(self, rows: Iterable[tuple[str, str, Any]]) -> list[int]:
+        """Each quota's units, from the statement's rows (tag, status, units)."""
+        found = {(tag, status): units for tag, status, units in rows}
+        return [int(sum(found.get((tag, status), 0) for status in s)) for tag, s in self.wanted]
+
+
+def units_statement(
+    connection: BaseDatabaseWrapper, quotas: Sequence[Quota], namespace: str | None
+) -> UnitsQuery:
+    """The :class:`UnitsQuery` of ``quotas``' units in ``namespace`` (every one: ``None``)."""
+    wanted = [(quota.tag, list(dict.fromkeys(quota.count_statuses))) for quota in quotas]
+    tags = list(dict.fromkeys(tag for tag, _ in wanted))
+    statuses = list(dict.fromkeys(status for _, s in wanted for status in s))
+    if not tags or not statuses:
+        return UnitsQuery(None, [], wanted)
+    params: list[Any] = [*tags, *statuses]
+    if namespace is not None:
+        params.append(namespace)
+    statement = portable_sql(connection).units(len(tags), len(statuses), namespace is not None)
+    return UnitsQuery(statement, params, wanted)
 
 
 def units_query(
     connection: BaseDatabaseWrapper, quotas: Sequence[Quota], namespace: str | None
 ) -> list[int]:
     """``RunTagQuerySet.units`` for ``quotas``, its statement sent on the cursor."""
-    wanted = [(quota.tag, list(dict.fromkeys(quota.count_statuses))) for quota in quotas]
-    tags = list(dict.fromkeys(tag for tag, _ in wanted))
-    statuses = list(dict.fromkeys(status for _, s in wanted for status in s))
-    if not tags or not statuses:
-        return [0 for _ in wanted]
-    params: list[Any] = [*tags, *statuses]
-    if namespace is not None:
-        params.append(namespace)
+    query = units_statement(connection, quotas, namespace)
+    if query.statement is None:
+        return query.units(())
     with connection.cursor() as cursor:
-        cursor.execute(
-            portable_sql(connection).units(len(tags), len(statuses), namespace is not None), params
-        )
-        found = {(tag, status): units for tag, status, units in cursor.fetchall()}
-    return [int(sum(found.get((tag, status), 0) for status in s)) for tag, s in wanted]
+        cursor.execute(query.statement, query.params)
+        return query.units(cursor.fetchall())

@@ -4,6 +4,7 @@ and answers marshalled (docs/stores.md, "The ORM store's paths")."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Collection, Sequence
 from datetime import datetime
@@ -21,20 +22,24 @@ from ...errors import ConcurrencyLimitError
 from ...models import Run, Step, model_field
 from ...records import NewRun, RunRecord, StartOutcome, StepRecord
 from ...status import RunStatus
-from ..base import (
-    StartRequest,
-    batch_index,
-    existing_outcome,
-)
+from ...tickets import Ticket
+from .. import ticket_rows
+from ..base import StartRequest, batch_index, decide_read, existing_outcome
 from ..postgres import arrays, first_start
-from ..postgres.bound import fetch_one
+from ..postgres.bound import binds_client_side, fetch_one
 from ..postgres.committing import (
     NOT_HELD_SQLSTATE,
     commits_in_statement,
     execute_and_commit,
     sqlstate,
 )
-from .portable import PortablePath
+from .portable import (
+    PortablePath,
+    in_callers_transaction,
+    insert_run_statements,
+    portable_sql,
+    units_statement,
+)
 
 #: The calls of the functions of ``stores/postgres/functions.sql``.
 _LOCK_KEY_SQL = "SELECT durable_lock_quota_key_v1(%s)"
@@ -65,6 +70,14 @@ _TRANSITION_SQL = (
     "SELECT durable_transition_v1(%s, %s::text[], %s, %s, %s, %s, %s, %s::text[], "
     "%s, %s, %s, %s, %s, %s, %s, %s, %s::integer, %s, %s::integer, %s, %s, %s)"
 )
+#: A fair start's ends of its transaction: how it begins, commits and undoes it, on its
+#: own (outside a transaction of the caller's) or in a savepoint of the caller's.
+_OWN = ("BEGIN", "COMMIT", "ROLLBACK")
+_SAVEPOINT = (
+    "SAVEPOINT durable_start",
+    "RELEASE SAVEPOINT durable_start",
+    "ROLLBACK TO SAVEPOINT durable_start; RELEASE SAVEPOINT durable_start",
+)
 #: ``json.dumps(value, cls=DjangoJSONEncoder)``'s encoder, made once (it keeps no state):
 #: a start's input, a batch of starts.
 _JSON = DjangoJSONEncoder()
@@ -79,10 +92,82 @@ class PostgresPath(PortablePath):
         ``durable_start_run_v2`` takes (``durable_lock_quota_key_v1``,
         ``durable_lock_quota_keys_v1``)."""
         with connections[self.using].cursor() as cursor:
-            if len(ordered) == 1:
-                cursor.execute(_LOCK_KEY_SQL, ordered)
-            else:
-                cursor.execute(_LOCK_KEYS_SQL, [ordered])
+            cursor.execute(*_lock_statement(ordered))
+
+    def _fair_in_two(self) -> bool:
+        """Whether a start under a fair quota takes :meth:`_start_fair_on_postgresql`:
+        on the fast path, where the connection's cursors bind client-side (several
+        statements in one query string)."""
+        if not self._fast():
+            return False
+        connection = connections[self.using]
+        connection.ensure_connection()
+        return binds_client_side(connection.connection)
+
+    def _start_fair_on_postgresql(
+        self,
+        run: NewRun,
+        quotas: tuple[Quota, ...],
+        check_existing: bool,
+        read_namespace: str | None,
+        ticket: Ticket | None,
+    ) -> StartOutcome:
+        """``BaseStore.start_run``'s steps under a fair quota, in two round trips.
+
+        The read is one query string: the transaction's ``BEGIN`` (inside a transaction
+        of the caller's, a savepoint), the keys' advisory locks (:meth:`_advisory_locks`),
+        the existing run, every key's units (``portable.units_statement``) and the fair
+        keys' kept tickets (``ticket_rows.lines_statement``). The decision is made in
+        Python (``decide_read``). The write is another: the run, its tags, the dropped
+        ticket, and the ``COMMIT`` (inside a caller's transaction, the savepoint's
+        release). A start that is refused, finds a run, or fails, ends its transaction
+        (or rolls its savepoint back) instead of writing.
+        """
+        connection = connections[self.using]
+        own = not in_callers_transaction(connection)
+        begin, commit, undo = _OWN if own else _SAVEPOINT
+        query = units_statement(connection, quotas, read_namespace)
+        fair_keys = [quota.key for quota in quotas if quota.fair]
+        lines_sql, lines_params = ticket_rows.lines_statement(connection, fair_keys, read_namespace)
+        reads: list[tuple[str, list[Any]]] = [
+            (begin, []),
+            _lock_statement(sorted({quota.key for quota in quotas})),
+        ]
+        if check_existing:
+            reads.append((portable_sql(connection).existing, [run.run_id]))
+        if query.statement is not None:
+            reads.append((query.statement, query.params))
+        reads.append((lines_sql, lines_params))
+        with connections[self.using].cursor() as cursor:
+            try:
+                results = _results(cursor, *_joined(reads))[2:]
+                if check_existing and results[0]:
+                    workflow, namespace = results[0][0]
+                    outcome = existing_outcome(run, workflow, namespace, read_namespace)
+                    cursor.execute(commit)
+                    return outcome
+                lines = ticket_rows.lines_from(results[-1])
+                decision = decide_read(
+                    quotas,
+                    query.units(results[-2] if query.statement is not None else ()),
+                    lambda key: lines.get(key, []),
+                    read_namespace,
+                    ticket,
+                )
+                if decision.refusal is not None:
+                    raise decision.refusal.error(run.workflow)
+                writes = insert_run_statements(connection, run)
+                taken = decision.taken_ticket()
+                if taken is not None:
+                    writes.append(ticket_rows.drop_statement(connection, taken))
+                writes.append((commit, []))
+                cursor.execute(*_joined(writes))
+            except BaseException:
+                with contextlib.suppress(DatabaseError):
+                    cursor.execute(undo)
+                raise
+        decision.end_hold_on_commit(self)
+        return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
 
     def _start_on_postgresql(
         self,
@@ -395,3 +480,30 @@ def _step_json(step: StepRecord, connection: BaseDatabaseWrapper) -> tuple[Any, 
         Step._meta.get_field("result").get_db_prep_save(step.result, connection),
         Step._meta.get_field("error").get_db_prep_save(step.error, connection),
     )
+
+
+def _lock_statement(ordered: list[str]) -> tuple[str, list[Any]]:
+    """The statement taking the advisory locks of the keys ``ordered``, and its
+    parameters: ``durable_lock_quota_key_v1`` for one, ``durable_lock_quota_keys_v1``
+    for several."""
+    if len(ordered) == 1:
+        return _LOCK_KEY_SQL, ordered
+    return _LOCK_KEYS_SQL, [ordered]
+
+
+def _joined(statements: list[tuple[str, list[Any]]]) -> tuple[str, list[Any]]:
+    """``statements`` as one query string, and its parameters."""
+    return (
+        "; ".join(statement for statement, _ in statements),
+        [value for _, params in statements for value in params],
+    )
+
+
+def _results(cursor: Any, statement: str, params: list[Any]) -> list[list[Any]]:
+    """Send the query string ``statement``; the rows of each of its statements."""
+    cursor.execute(statement, params)
+    results = []
+    while True:
+        results.append(cursor.fetchall() if cursor.description is not None else [])
+        if not cursor.nextset():
+            return results
