@@ -40,7 +40,7 @@ from ..base import (
 )
 from ..database_checks import collation_errors, database_warnings
 from .mariadb import MariadbPath
-from .portable import in_callers_transaction, units_query
+from .portable import in_callers_transaction, insert_run, units_query
 from .postgres import _HELD_KEYS_SQL, PostgresPath, _function_sets
 from .purge import Purging
 
@@ -151,10 +151,12 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
             return self._start_on_postgresql(run, quotas, check_existing, read_namespace)
         try:
             if server_side and self._procedure():
-                return self._start_on_mariadb(run, quotas, check_existing, read_namespace)
+                return self._start_on_mariadb(
+                    StartRequest(run, quotas, check_existing), read_namespace
+                )
             if not server_side and self._fair_in_two():
                 return self._start_fair_on_postgresql(
-                    run, quotas, check_existing, read_namespace, ticket
+                    StartRequest(run, quotas, check_existing), read_namespace, ticket
                 )
             return self._start_portable(run, quotas, check_existing, read_namespace, ticket)
         except IntegrityError:
@@ -272,32 +274,10 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
         return await AsyncPostgresReleaseListener.open(self.using, keys)
 
     def create_run(self, run: NewRun) -> None:
-        now = timezone.now()
-        with transaction.atomic(using=self.using, savepoint=False):
-            self._runs().create(
-                id=run.run_id,
-                workflow=run.workflow,
-                version=run.version,
-                namespace=run.namespace,
-                status=RunStatus.PENDING,
-                queue=run.queue,
-                input=run.input,
-                parent_id=run.parent_id,
-                attempt=run.attempt,
-                created_at=now,
-                updated_at=now,
-            )
-            if run.tags:
-                RunTag.objects.using(self.using).bulk_create(
-                    RunTag(
-                        run_id=run.run_id,
-                        tag=tag,
-                        status=RunStatus.PENDING,
-                        namespace=run.namespace,
-                        weight=run.weights.get(tag, 1),
-                    )
-                    for tag in run.tags
-                )
+        """The run and its tags, as a start inserts them (``portable.insert_run``)."""
+        connection = connections[self.using]
+        with transaction.atomic(using=self.using, savepoint=False), connection.cursor() as cursor:
+            insert_run(connection, cursor, run)
 
     def get_run(self, run_id: str) -> RunRecord | None:
         row = self._runs().filter(pk=run_id).prefetch_related("tag_rows").first()

@@ -13,15 +13,11 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 from django.utils import timezone
 
-from ...admission import refused_by
-from ...concurrency import Quota
 from ...errors import DurableError
 from ...models import QuotaLock, Run, model_field
-from ...records import NewRun, StartOutcome
-from ..base import (
-    existing_outcome,
-)
-from .portable import PortablePath, in_callers_transaction, portable_sql
+from ...records import StartOutcome
+from ..base import StartRequest
+from .portable import PortablePath, in_callers_transaction, portable_sql, routine_outcome
 
 
 class MariadbPath(PortablePath):
@@ -68,13 +64,7 @@ class MariadbPath(PortablePath):
             _lock_inserted_rows(connection, keys)
             yield
 
-    def _start_on_mariadb(
-        self,
-        run: NewRun,
-        quotas: tuple[Quota, ...],
-        check_existing: bool,
-        read_namespace: str | None,
-    ) -> StartOutcome:
+    def _start_on_mariadb(self, start: StartRequest, read_namespace: str | None) -> StartOutcome:
         """One ``CALL`` of the procedure ``durable_start_run_mariadb_v1`` (``procedures.sql``),
         which takes the portable start's steps under the same locks (:meth:`_row_lock`).
 
@@ -86,8 +76,8 @@ class MariadbPath(PortablePath):
         on their own, as :meth:`_row_lock` does, and the procedure is called again.
         """
         connection = connections[self.using]
-        keys = sorted({quota.key for quota in quotas})
-        params = _procedure_params(connection, run, quotas, keys, check_existing, read_namespace)
+        keys = sorted({quota.key for quota in start.quotas})
+        params = _procedure_params(connection, start, keys, read_namespace)
         own = not in_callers_transaction(connection)
         for attempt in (1, 2):
             params[-1] = own
@@ -96,14 +86,11 @@ class MariadbPath(PortablePath):
                 connection.cursor() as cursor,
             ):
                 cursor.execute(_MARIADB_START_SQL, params)
-                outcome, refused, active, workflow, namespace = cursor.fetchone()
-            if outcome != "missing":
+                row = cursor.fetchone()
+            if row[0] != "missing":
                 break
             if attempt == 2:
-                raise DurableError(
-                    f"a quota key of {keys!r} has no lock row although one was just "
-                    "inserted: durable_quota_lock rows must not be deleted"
-                )
+                raise _no_lock_row(keys)
             if own:
                 for key in keys:
                     insert_lock_row(connection, key)
@@ -112,11 +99,7 @@ class MariadbPath(PortablePath):
                 rows = QuotaLock.objects.using(self.using).filter(key__in=keys)
                 existing = set(rows.values_list("key", flat=True))
                 insert_lock_rows_apart(connection, [key for key in keys if key not in existing])
-        if outcome == "refused":
-            raise refused_by(quotas, refused, active).error(run.workflow)
-        if outcome == "exists":
-            return existing_outcome(run, workflow, namespace, read_namespace)
-        return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+        return routine_outcome(start, row, read_namespace)
 
 
 def insert_lock_row(connection: BaseDatabaseWrapper, key: str) -> None:
@@ -155,10 +138,15 @@ def insert_lock_rows_apart(connection: BaseDatabaseWrapper, keys: Sequence[str])
 
 def _lock_inserted_rows(connection: BaseDatabaseWrapper, keys: list[str]) -> None:
     if update_lock_rows(connection, keys) != len(keys):
-        raise DurableError(
-            f"a quota key of {keys!r} has no lock row although one was just inserted: "
-            "durable_quota_lock rows must not be deleted"
-        )
+        raise _no_lock_row(keys)
+
+
+def _no_lock_row(keys: list[str]) -> DurableError:
+    """The error of a key of ``keys`` whose lock row is missing just after its insert."""
+    return DurableError(
+        f"a quota key of {keys!r} has no lock row although one was just inserted: "
+        "durable_quota_lock rows must not be deleted"
+    )
 
 
 #: The call of MariaDB's start procedure (``stores/mariadb/procedures.sql``).
@@ -167,17 +155,16 @@ _MARIADB_START_SQL = f"CALL durable_start_run_mariadb_v1({', '.join(['%s'] * 15)
 
 def _procedure_params(
     connection: BaseDatabaseWrapper,
-    run: NewRun,
-    quotas: Sequence[Quota],
+    start: StartRequest,
     keys: list[str],
-    check_existing: bool,
     read_namespace: str | None,
 ) -> list[Any]:
     """The arguments of ``durable_start_run_mariadb_v1``, the last one (whether the
     procedure runs a transaction of its own) left for the caller to set."""
+    run, quotas = start.run, start.quotas
     return [
         run.run_id,
-        check_existing,
+        start.check_existing,
         run.workflow,
         run.version,
         run.namespace,

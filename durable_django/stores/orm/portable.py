@@ -13,6 +13,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 from django.utils import timezone
 
+from ...admission import refused_by
 from ...concurrency import Quota
 from ...models import QuotaLock, Run, RunQuerySet, RunTag, model_field
 from ...records import NewRun, StartOutcome
@@ -20,6 +21,7 @@ from ...status import RunStatus
 from ...tickets import Ticket
 from ..base import (
     BaseStore,
+    StartRequest,
     check_quotas,
     existing_outcome,
     quota_transaction,
@@ -303,3 +305,18 @@ def units_query(
     with connection.cursor() as cursor:
         cursor.execute(query.statement, query.params)
         return query.units(cursor.fetchall())
+
+
+def routine_outcome(
+    start: StartRequest, row: Sequence[Any], read_namespace: str | None
+) -> StartOutcome:
+    """A server routine's answer to ``start`` (``durable_start_run_v2``,
+    ``durable_start_run_mariadb_v1``): its row ``(outcome, refused, active, workflow,
+    namespace)``, the refusal decoded by ``admission.refused_by`` and raised."""
+    outcome, refused, active, workflow, namespace = row
+    run = start.run
+    if outcome == "refused":
+        raise refused_by(start.quotas, refused, active).error(run.workflow)
+    if outcome == "exists":
+        return existing_outcome(run, workflow, namespace, read_namespace)
+    return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)

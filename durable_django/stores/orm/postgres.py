@@ -38,6 +38,7 @@ from .portable import (
     in_callers_transaction,
     insert_run_statements,
     portable_sql,
+    routine_outcome,
     units_statement,
 )
 
@@ -105,12 +106,7 @@ class PostgresPath(PortablePath):
         return binds_client_side(connection.connection)
 
     def _start_fair_on_postgresql(
-        self,
-        run: NewRun,
-        quotas: tuple[Quota, ...],
-        check_existing: bool,
-        read_namespace: str | None,
-        ticket: Ticket | None,
+        self, start: StartRequest, read_namespace: str | None, ticket: Ticket | None
     ) -> StartOutcome:
         """``BaseStore.start_run``'s steps under a fair quota, in two round trips.
 
@@ -123,6 +119,7 @@ class PostgresPath(PortablePath):
         release). A start that is refused, finds a run, or fails, ends its transaction
         (or rolls its savepoint back) instead of writing.
         """
+        run, quotas, check_existing = start.run, start.quotas, start.check_existing
         connection = connections[self.using]
         own = not in_callers_transaction(connection)
         begin, commit, undo = _OWN if own else _SAVEPOINT
@@ -182,7 +179,9 @@ class PostgresPath(PortablePath):
         connection = connections[self.using]
         connection.ensure_connection()
         if first_start.by_statements(connection, quotas):
-            return self._start_by_statements(run, quotas, check_existing, read_namespace)
+            return self._start_by_statements(
+                StartRequest(run, quotas, check_existing), read_namespace
+            )
         params = [
             run.run_id,
             check_existing,
@@ -202,24 +201,14 @@ class PostgresPath(PortablePath):
         ]
         row = fetch_one(connection, _START_SQL, params)
         assert row is not None
-        outcome, refused, active, workflow, namespace = row
-        if outcome == "refused":
-            raise refused_by(quotas, refused, active).error(run.workflow)
-        if outcome == "exists":
-            return existing_outcome(run, workflow, namespace, read_namespace)
-        return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
+        return routine_outcome(StartRequest(run, quotas, check_existing), row, read_namespace)
 
-    def _start_by_statements(
-        self,
-        run: NewRun,
-        quotas: tuple[Quota, ...],
-        check_existing: bool,
-        read_namespace: str | None,
-    ) -> StartOutcome:
+    def _start_by_statements(self, start: StartRequest, read_namespace: str | None) -> StartOutcome:
         """What ``durable_start_run_v2`` does, as the statements of one query string
         (``first_start.statements``): one round trip, one transaction of its own outside the
         caller's."""
-        sql, params = first_start.statements(run, quotas, check_existing, read_namespace)
+        run, quotas = start.run, start.quotas
+        sql, params = first_start.statements(run, quotas, start.check_existing, read_namespace)
         with connections[self.using].cursor() as cursor:
             cursor.execute(sql, params)
             while cursor.nextset():
