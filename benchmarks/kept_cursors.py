@@ -244,7 +244,7 @@ def measure_turns(before: Any, args: argparse.Namespace) -> None:
     from durable_django import Concurrency, Engine
     from durable_django.registry import Registry
     from durable_django.stores import OrmStore
-    from durable_django.stores import orm as orm_module
+    from durable_django.stores.orm import postgres as orm_postgres
     from durable_django.stores.postgres import bound, committing
 
     prepare_runs(args.turn_database)
@@ -270,7 +270,7 @@ def measure_turns(before: Any, args: argparse.Namespace) -> None:
         for number in range(args.rounds + 1):
             order = names[number % len(names) :] + names[: number % len(names)]
             for name in order:
-                orm_module.fetch_one, committing.execute_kept = kept[name]
+                orm_postgres.fetch_one, committing.execute_kept = kept[name]
                 # Each version keeps its cursors its own way.
                 connection.__dict__.pop("_durable_kept_cursors", None)
                 start_cpu = turn_cpu = 0
@@ -286,7 +286,7 @@ def measure_turns(before: Any, args: argparse.Namespace) -> None:
                     starts[name].append(start_cpu / args.turns / 1000)
                     turns[name].append(turn_cpu / args.turns / 1000)
     finally:
-        orm_module.fetch_one, committing.execute_kept = kept["kept"]
+        orm_postgres.fetch_one, committing.execute_kept = kept["kept"]
     print(f"\nstart and turn: {args.rounds} rounds x {args.turns} runs per way\n")
     print("| way | start, client CPU µs | turn, client CPU µs |")
     print("| --- | ---: | ---: |")

@@ -6,6 +6,7 @@ and a flood on the server databases."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import multiprocessing
@@ -31,7 +32,7 @@ from durable_django.stores import MemoryStore, OrmStore
 from durable_django.tickets import HEADER, KeptTicket, issue, place_in_line, read
 
 from . import hammer_tickets
-from .helpers import echo, force_status
+from .helpers import echo, force_status, statements_sent
 
 
 def fresh_key() -> str:
@@ -666,3 +667,37 @@ def test_a_failed_ticket_write_leaves_the_refusal_standing(registry, caplog):
     assert "could not keep the tickets" in caplog.text
     finish(engine, holder)
     start(engine, key, ticket)  # the slot freed; nothing was held
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's fast path")
+@pytest.mark.parametrize("callers", [False, True], ids=["own", "in-a-callers-transaction"])
+def test_a_fair_start_on_postgresql_is_two_round_trips(registry, callers):
+    """One read under the keys' locks (the locks, the existing run, the units, the kept
+    tickets), then one write carrying its ``COMMIT`` (inside a transaction of the caller's,
+    its savepoint's release): a start admitted with its kept ticket, which it drops; a
+    refused start ends its transaction instead of writing."""
+    engine = Engine(registry=registry, store=OrmStore(), enqueue=False)
+    engine.register("fair.echo", "1", echo)
+    key = fresh_key()
+    holder = start(engine, key)
+    ticket = refused(engine, key).ticket
+    refused(engine, key, ticket)  # the ticket is kept: it joins the line
+    finish(engine, holder)
+    around = transaction.atomic if callers else contextlib.nullcontext
+    with around(), statements_sent() as admitted:
+        run_id = start(engine, key, ticket)
+    with around(), statements_sent() as refusal, pytest.raises(ConcurrencyLimitError):
+        start(engine, key)
+    begin, end, undo = (
+        ("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")
+        if callers
+        else ("BEGIN", "COMMIT", "ROLLBACK")
+    )
+    assert len(admitted) == 2, admitted
+    assert admitted[0].startswith(begin) and "durable_quota_ticket" in admitted[0]
+    assert admitted[1].startswith("INSERT") and admitted[1].split("; ")[-1].startswith(end)
+    assert "DELETE" in admitted[1] and kept(engine, key) == []
+    # The refusal's own statements; then the engine keeps the ticket and estimates.
+    assert refusal[0].startswith(begin) and refusal[1].startswith(undo), refusal
+    assert engine.get_run(run_id).status == RunStatus.PENDING

@@ -730,18 +730,34 @@ class QuotaDecision:
     def take(self, store: BaseStore) -> None:
         """An admitted start's writes for its fair quotas: its kept ticket is dropped
         (:meth:`BaseStore.drop_ticket`), and the hold its line is bound to ends once the
-        start commits (:meth:`BaseStore.end_hold`): the line took a held slot."""
-        admitted: tuple[str, str] | None = None  # a kept ticket's id, and its line's key
+        start commits (:meth:`end_hold_on_commit`)."""
+        ticket_id = self.taken_ticket()
+        if ticket_id is not None:
+            store.drop_ticket(ticket_id)
+            self.end_hold_on_commit(store)
+
+    def taken_ticket(self) -> str | None:
+        """The id of the kept ticket an admitted start takes the place of, if any."""
+        taken = self._taken()
+        return taken[0] if taken is not None else None
+
+    def end_hold_on_commit(self, store: BaseStore) -> None:
+        """End the hold the taken ticket's line is bound to once the start commits
+        (:meth:`BaseStore.end_hold`, through :meth:`BaseStore.on_commit`): the line took a
+        held slot."""
+        taken = self._taken()
+        if taken is not None and taken[1] and self.now is not None:
+            store.on_commit(_hold_ender(store, taken[1], self.read_namespace, self.now))
+
+    def _taken(self) -> tuple[str, str] | None:
+        """The taken ticket's id, and its line's key when a hold binds that line."""
+        if self.now is None:
+            return None
+        taken = None
         for line in self.lines:
             if line is not None and line.kept and line.ticket is not None:
-                held_key = line.ticket.key if line.hold_ends is not None else ""
-                admitted = (line.ticket.id, held_key)
-        if admitted is None or self.now is None:
-            return
-        ticket_id, held_key = admitted
-        store.drop_ticket(ticket_id)
-        if held_key:
-            store.on_commit(_hold_ender(store, held_key, self.read_namespace, self.now))
+                taken = (line.ticket.id, line.ticket.key if line.hold_ends is not None else "")
+        return taken
 
 
 def decide_quotas(
@@ -751,20 +767,34 @@ def decide_quotas(
     ticket: Ticket | None = None,
 ) -> QuotaDecision:
     """Read what the admission rule needs, under the keys' locks, and decide
-    (:func:`durable_django.admission.decide`): each key's units
-    (:meth:`BaseStore.quota_units`) and, for a fair quota, the start's place in the
-    key's line of ``read_namespace`` (:func:`durable_django.tickets.place_in_line`: the
-    live kept tickets ahead of the start's ``ticket``, all of them without one, hold
-    their units). Writes nothing."""
+    (:func:`decide_read`): each key's units (:meth:`BaseStore.quota_units`) and, for a
+    fair quota, its key's line (:meth:`BaseStore.ticket_line`). Writes nothing."""
     if not quotas:
         return QuotaDecision(None)
     units = store.quota_units(quotas, read_namespace)
+    return decide_read(
+        quotas, units, lambda key: store.ticket_line(key, read_namespace), read_namespace, ticket
+    )
+
+
+def decide_read(
+    quotas: Sequence[Quota],
+    units: Sequence[int],
+    line_of: Callable[[str], list[KeptTicket]],
+    read_namespace: str | None,
+    ticket: Ticket | None = None,
+) -> QuotaDecision:
+    """Decide from what was read (:func:`durable_django.admission.decide`): each key's
+    ``units`` and, for a fair quota, the start's place in its key's line of
+    ``read_namespace``, read by ``line_of(key)``
+    (:func:`durable_django.tickets.place_in_line`: the live kept tickets ahead of the
+    start's ``ticket``, all of them without one, hold their units)."""
     if not any(quota.fair for quota in quotas):
         return QuotaDecision(decide(quotas, units))
     now = timezone.now()
     lines = tuple(
         place_in_line(
-            store.ticket_line(quota.key, read_namespace),
+            line_of(quota.key),
             ticket,
             quota.key,
             active=active,

@@ -13,7 +13,7 @@ kept yet, which the store keeps at its next refusal).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -36,6 +36,43 @@ def line(using: str, key: str, namespace: str | None) -> list[KeptTicket]:
             "joined_at", "id"
         ).values_list("id", "joined_at", "weight", "expires_at", "namespace", "held_until")
     ]
+
+
+def lines_statement(
+    connection: BaseDatabaseWrapper, keys: Sequence[str], namespace: str | None
+) -> tuple[str, list[Any]]:
+    """The statement reading the tickets kept for ``keys`` (in ``namespace``; every one
+    when ``None``), live or not, by key and place, and its parameters; its rows read by
+    :func:`lines_from`."""
+    table, quote = _table(connection)
+    columns = ("quota_key", "id", "joined_at", "weight", "expires_at", "namespace", "held_until")
+    where = f"{quote('quota_key')} IN ({', '.join(['%s'] * len(keys))})"
+    params: list[Any] = list(keys)
+    if namespace is not None:
+        where += f" AND {quote('namespace')} = %s"
+        params.append(namespace)
+    order = ", ".join(quote(column) for column in ("quota_key", "joined_at", "id"))
+    return (
+        f"SELECT {', '.join(quote(column) for column in columns)} FROM {table} "
+        f"WHERE {where} ORDER BY {order}",
+        params,
+    )
+
+
+def lines_from(rows: Iterable[Sequence[Any]]) -> dict[str, list[KeptTicket]]:
+    """The lines :func:`lines_statement` read, by key."""
+    lines: dict[str, list[KeptTicket]] = {}
+    for key, id, joined, weight, expires, kept_in, held in rows:
+        lines.setdefault(key, []).append(
+            KeptTicket(id, key, joined, weight, expires, kept_in, held)
+        )
+    return lines
+
+
+def drop_statement(connection: BaseDatabaseWrapper, ticket_id: str) -> tuple[str, list[Any]]:
+    """The statement deleting the kept ticket ``ticket_id``, and its parameters."""
+    table, quote = _table(connection)
+    return f"DELETE FROM {table} WHERE {quote('id')} = %s", [ticket_id]
 
 
 def drop(using: str, ticket_id: str) -> None:
