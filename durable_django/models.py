@@ -92,8 +92,9 @@ class Run(models.Model):
     input = models.JSONField(null=True, blank=True)
     output = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
-    # NULL, not "", for a run without a parent: it is a reference, not text.
-    parent_id = ExactCharField(max_length=limits.RUN_ID, null=True, blank=True, db_index=True)
+    # NULL, not "", for a run without a parent: it is a reference, not text. Its index is
+    # partial (``durable_run_parent_idx``, below): only child runs are looked up by parent.
+    parent_id = ExactCharField(max_length=limits.RUN_ID, null=True, blank=True)
     blocked_reason = models.TextField(blank=True, default="")
     attempt = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now)
@@ -139,6 +140,14 @@ class Run(models.Model):
                 fields=["status", "lease_expires_at"],
                 name="durable_run_lease_idx",
                 where=Q(status=RunStatus.RUNNING),
+            ),
+            # A run's children (the purge, the admin's deletion): only the runs that have a
+            # parent are in it, so the other runs' rows (a start, and every status change,
+            # none of which can stay in place: the status is indexed) write no entry of it.
+            PartialIndex(
+                fields=["parent_id"],
+                name="durable_run_parent_idx",
+                where=Q(parent_id__isnull=False),
             ),
         ]
         constraints = [
