@@ -232,10 +232,10 @@ def run_half(engine: Any, finisher: Finisher, half: Half, args: argparse.Namespa
     from django.utils import timezone
 
     from durable_django import Concurrency, ConcurrencyLimitError
+    from durable_django._rules.tickets import HEADER
+    from durable_django._rules.tickets import read as read_ticket
     from durable_django.http import too_many_requests
     from durable_django.models import QuotaTicket
-    from durable_django.tickets import HEADER
-    from durable_django.tickets import read as read_ticket
 
     quota = Concurrency(key=half.key, limit=args.limit, fair=half.fair, fair_window=args.window)
     no_new = threading.Event()

@@ -86,8 +86,8 @@ def both_inserts(run_id: str) -> str:
 
 def statements_maker(conn: psycopg.Connection[Any]) -> Callable[[str], str]:
     """The first start's statements as ``OrmStore`` sends them, with their values."""
-    from durable_django.concurrency import Quota
-    from durable_django.records import NewRun
+    from durable_django._core.records import NewRun
+    from durable_django._rules.concurrency import Quota
     from durable_django.stores.postgres.first_start import statements as start_statements
 
     quota = Quota(KEY, 1_000_000, ("pending", "running", "suspended", "blocked"))

@@ -242,7 +242,7 @@ def measure_turns(before: Any, args: argparse.Namespace) -> None:
     from django.db import connections
 
     from durable_django import Concurrency, Engine
-    from durable_django.registry import Registry
+    from durable_django._rules.registry import Registry
     from durable_django.stores import OrmStore
     from durable_django.stores.orm import postgres as orm_postgres
     from durable_django.stores.postgres import bound, committing

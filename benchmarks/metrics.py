@@ -94,7 +94,7 @@ def main() -> None:
 
     django.setup()
     from durable_django import Engine
-    from durable_django.registry import Registry
+    from durable_django._rules.registry import Registry
     from durable_django.stores import MemoryStore
 
     try:

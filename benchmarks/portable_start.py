@@ -127,8 +127,8 @@ def main() -> None:
     from django.db import connections
 
     from durable_django import Concurrency, Engine
+    from durable_django._rules.registry import Registry
     from durable_django.models import Run, RunTag
-    from durable_django.registry import Registry
     from durable_django.stores.orm import OrmStore
 
     sqlite_file = Path(settings.DATABASES["sqlite"]["NAME"])

@@ -54,7 +54,7 @@ def main() -> None:
 
     from benchmarks.latency_worker import BROKER
     from durable_django import Engine
-    from durable_django.registry import Registry
+    from durable_django._rules.registry import Registry
     from durable_django.stores.orm import OrmStore
     from durable_django.tasks import execute_run
 

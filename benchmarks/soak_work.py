@@ -12,7 +12,7 @@ import random
 import time
 
 from durable_django import Concurrency, workflow
-from durable_django.execution import SignalTimeout
+from durable_django._runtime.execution import SignalTimeout
 
 KINDS = ("plain", "sleep", "signal", "child", "fail")
 

@@ -262,7 +262,7 @@ def settled(times: list[float]) -> list[float]:
     """``times`` (µs) with the wait for the sender thread to send what they handed over
     shared out among them: a start's message sent in the background costs the client
     what overlaps with its next starts (in their times) and what is left (this wait)."""
-    from durable_django import sending
+    from durable_django._runtime import sending
 
     t0 = time.perf_counter_ns()
     sending.flush()
@@ -276,7 +276,7 @@ def count_round_trips(start: Callable[[], object]) -> tuple[int, int]:
     from django.db import connection
     from psycopg import pq
 
-    from durable_django import sending
+    from durable_django._runtime import sending
 
     connection.ensure_connection()
     pgconn = connection.connection.pgconn
@@ -533,10 +533,10 @@ def main() -> None:
     from django.utils import timezone
 
     from durable_django import Concurrency, Engine
+    from durable_django._rules.registry import Registry
+    from durable_django._runtime.publishing import publish_run
     from durable_django.engines import send_run
     from durable_django.models import Run, RunTag
-    from durable_django.publishing import publish_run
-    from durable_django.registry import Registry
     from durable_django.stores.orm import OrmStore
     from durable_django.tasks import execute_run
 

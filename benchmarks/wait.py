@@ -65,7 +65,7 @@ def percentile(values: list[float], share: float) -> float:
 @contextmanager
 def polling_every(seconds: float | None) -> Iterator[None]:
     """The waiting module's polling pauses set to ``seconds`` (``None``: as they are)."""
-    from durable_django import waiting
+    from durable_django._runtime import waiting
 
     saved = waiting.FIRST_POLL_SECONDS, waiting.MAX_POLL_SECONDS
     if seconds is not None:
@@ -98,7 +98,7 @@ def one_release(engine: Any, way: str, rng: random.Random) -> float:
     """The gap, in seconds, from the holder's end committing to the waiter's admission."""
     from django.db import connections
 
-    from durable_django.waiting import waiting_count
+    from durable_django._runtime.waiting import waiting_count
 
     quota = {"key": f"bench:{uuid.uuid4().hex}", "limit": 1}
     holder = engine.start("bench.wait", {}, concurrency=quota)

@@ -1,6 +1,8 @@
 """Durable workflows for Django, with concurrency quotas on starting runs."""
 
-from .concurrency import DEFAULT_CONCURRENCY_STATUSES, Concurrency
+from ._rules.concurrency import DEFAULT_CONCURRENCY_STATUSES, Concurrency
+from ._runtime.execution import Context
+from ._runtime.handles import BatchStart, RunHandle
 from .declaration import BaseWorkflow, Workflow, workflow
 from .engines import Engine
 from .engines import default_engine as engine
@@ -17,8 +19,6 @@ from .errors import (
     UnstorableValueError,
     WorkflowNotFound,
 )
-from .execution import Context
-from .handles import BatchStart, RunHandle
 from .observability import RunInfo, current_run
 from .status import RunStatus
 

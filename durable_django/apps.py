@@ -6,6 +6,9 @@ import sys
 
 from django.apps import AppConfig
 
+#: The module that keeps a publisher per Celery app.
+PUBLISHING = "durable_django._runtime.publishing"
+
 
 class DurableConfig(AppConfig):
     """Discovers each installed app's ``workflows`` module, registers the checks and the
@@ -26,8 +29,8 @@ class DurableConfig(AppConfig):
         def reload_engine(setting: str, **kwargs: object) -> None:
             if setting == "DURABLE":
                 default_engine.reload()
-            elif setting.startswith("CELERY") and "durable_django.publishing" in sys.modules:
-                sys.modules["durable_django.publishing"].forget_publisher()
+            elif setting.startswith("CELERY") and PUBLISHING in sys.modules:
+                sys.modules[PUBLISHING].forget_publisher()
 
         setting_changed.connect(reload_engine, weak=False, dispatch_uid="durable_reload")
         autodiscover_modules("workflows")

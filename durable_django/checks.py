@@ -11,18 +11,18 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
+from ._rules.registry import default_registry
+from ._rules.task_quotas import backend_settings
 from .conf import durable_settings
 from .engines import default_engine
 from .models import Schedule
-from .registry import default_registry
-from .task_quotas import backend_settings
 from .tasks_backend import TASKS_AVAILABLE, configured_aliases, unavailable_message
 
 if TYPE_CHECKING:
     from celery import Celery
     from django.apps import AppConfig
 
-    from .registry import WorkflowDefinition
+    from ._rules.registry import WorkflowDefinition
 
 
 @checks.register(checks.Tags.compatibility, checks.Tags.database)

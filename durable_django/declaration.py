@@ -13,16 +13,16 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, TypeVar, overload
 
-from . import starting
-from .concurrency import ConcurrencyOption
-from .context import current_context
+from ._core.context import current_context
+from ._rules.concurrency import ConcurrencyOption
+from ._rules.registry import WorkflowDefinition, make_definition
+from ._runtime import starting
+from ._runtime.execution import Context
+from ._runtime.handles import BatchStart, Input, Output, RunHandle
+from ._runtime.starting import StartOptions
+from ._runtime.waiting import Wait, refuse_in_body
 from .engines import Engine, default_engine
 from .errors import DurableError
-from .execution import Context
-from .handles import BatchStart, Input, Output, RunHandle
-from .registry import WorkflowDefinition, make_definition
-from .starting import StartOptions
-from .waiting import Wait, refuse_in_body
 
 #: The input of a start that gives none: the body receives ``None``. Typed ``Any``, so
 #: that ``Wf.dispatch()`` type-checks whatever the workflow's input type.
@@ -33,7 +33,7 @@ class StartMethods(Generic[Input, Output]):
     """The start methods of a declared workflow, written once: a :class:`Workflow` has
     them, and so has a ``BaseWorkflow`` subclass (through its class, :class:`WorkflowClass`).
     Their keyword arguments make the start's
-    :class:`~durable_django.starting.StartOptions`.
+    :class:`~durable_django._runtime.starting.StartOptions`.
     """
 
     def _declared(self) -> Workflow[Input, Output]:
@@ -55,7 +55,7 @@ class StartMethods(Generic[Input, Output]):
         ``wait`` (seconds or a ``timedelta``): if a quota is full, wait up to that long for
         a slot, woken when one frees, before raising :class:`ConcurrencyLimitError`.
         ``ticket``: the ``error.ticket`` of an earlier refusal by a fair quota, keeping
-        its place in the key's line (:mod:`durable_django.tickets`).
+        its place in the key's line (:mod:`durable_django._rules.tickets`).
 
         Inside a running workflow body this starts a child run instead (see
         ``ctx.start_child``): ``run_id`` is then the child id, and ``wait`` and ``ticket``
@@ -316,7 +316,7 @@ def workflow(
     :class:`~durable_django.Concurrency` or a dict with the same keys, or a list of them (a
     start must pass every one); ``on_event`` names
     the events that start it; ``schedule`` declares its persisted schedule(s) (see
-    :class:`~durable_django.schedules.ScheduleSpec`); ``priority`` (0-9) is its run
+    :class:`~durable_django._runtime.schedules.ScheduleSpec`); ``priority`` (0-9) is its run
     messages' Celery priority, over the route's and ``task_default_priority``. A class
     is returned
     with its start methods; a function is returned as a :class:`Workflow`.

@@ -18,12 +18,12 @@ from django.tasks.signals import task_enqueued
 from django.utils.module_loading import import_string
 
 from . import task_runs
+from ._core.serialization import json_copy
+from ._rules.task_meta import TASK_WORKFLOW, task_path
+from ._rules.task_quotas import TaskQuota, backend_settings, celery_queue, task_quota
+from ._runtime.usage import RECENT_RUNS, QuotaUsage
 from .engines import Engine, default_engine
 from .errors import ConcurrencyLimitError
-from .serialization import json_copy
-from .task_meta import TASK_WORKFLOW, task_path
-from .task_quotas import TaskQuota, backend_settings, celery_queue, task_quota
-from .usage import RECENT_RUNS, QuotaUsage
 
 if TYPE_CHECKING:
     _Task = Task[..., Any]
@@ -47,7 +47,7 @@ class DurableTaskBackend(BaseTaskBackend):
     """Runs each enqueued task as a durable run, executed by the Celery workers.
 
     ``TaskResult.id`` is the run id. ``OPTIONS["concurrency"]`` maps the dotted path of a
-    task to its quota (see :mod:`durable_django.task_quotas`); an enqueue over it raises
+    task to its quota (see :mod:`durable_django._rules.task_quotas`); an enqueue over it raises
     :class:`~durable_django.ConcurrencyLimitError` and creates nothing. A task's
     ``queue_name`` (one of ``QUEUES``) is the Celery queue its run is sent to, Django's
     ``"default"`` being the workers' queue (``DURABLE["QUEUE"]``); its ``priority`` is
@@ -151,7 +151,7 @@ class DurableTaskBackend(BaseTaskBackend):
 
     def queue_engine(self, queue_name: str) -> Engine:
         """The engine that starts the tasks of Django queue ``queue_name``: the default
-        engine, with the queue's Celery queue (:func:`~durable_django.task_quotas.celery_queue`)
+        engine, with the queue's Celery queue (:func:`~durable_django._rules.task_quotas.celery_queue`)
         as the queue of the runs it creates and sends."""
         queue = celery_queue(queue_name)
         default = self.engine

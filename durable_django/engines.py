@@ -13,38 +13,39 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import concurrency as quotas
-from . import estimates, metrics, starting
-from .conf import build_store, durable_settings
-from .errors import RunNotFound, RunTimeout, WorkflowNotFound
-from .estimates import Holder
-from .events import PublishResult, publish
-from .execution import execute_run
-from .handles import BatchStart, WorkflowRef
-from .handles import RunHandle as RunHandle  # importable from here too, as before
-from .limits import text_lengths
-from .purging import purge
-from .records import NewRun
-from .registry import (
+from . import metrics
+from ._core.limits import text_lengths
+from ._core.records import NewRun
+from ._core.runtime import EngineConfig as EngineConfig  # importable from here, as before
+from ._core.serialization import check_text, json_copy, validate_text
+from ._rules import concurrency as quotas
+from ._rules.registry import (
     Registry,
     WorkflowBody,
     WorkflowDefinition,
     default_registry,
     make_definition,
 )
-from .retention import PurgeResult
-from .runtime import EngineConfig as EngineConfig  # importable from here, as before
-from .serialization import check_text, json_copy, validate_text
+from ._rules.retention import PurgeResult
+from ._rules.task_meta import task_priority
+from ._runtime import estimates, starting
+from ._runtime.estimates import Holder
+from ._runtime.events import PublishResult, publish
+from ._runtime.execution import execute_run
+from ._runtime.handles import BatchStart, WorkflowRef
+from ._runtime.handles import RunHandle as RunHandle  # importable from here too, as before
+from ._runtime.purging import purge
+from ._runtime.starting import StartOptions
+from ._runtime.tick import TickResult as TickResult  # importable from here, as documented
+from ._runtime.tick import tick
+from ._runtime.usage import QuotaUsage, quota_usage
+from ._runtime.waiting import Wait
+from .conf import build_store, durable_settings
+from .errors import RunNotFound, RunTimeout, WorkflowNotFound
 from .signals import listened, run_finished
 from .signals import send as send_signal
-from .starting import StartOptions
 from .status import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES, RunStatus
 from .stores.base import BaseStore, RunRecord
-from .task_meta import task_priority
-from .tick import TickResult as TickResult  # importable from here, as documented
-from .tick import tick
-from .usage import QuotaUsage, quota_usage
-from .waiting import Wait
 
 #: ``DURABLE["PUBLISH"]``: messages sent from the process's sender thread, or by the
 #: caller once its transaction commits.
@@ -227,12 +228,12 @@ class Engine:
         :class:`ConcurrencyLimitError` for the first quota, in the list's order, that is
         full; then nothing is created and nothing is sent. ``wait`` (seconds or a
         ``timedelta``, at most an hour) waits that long for a slot before refusing, woken
-        when one frees, and through a restart of the database (:mod:`durable_django.waiting`);
+        when one frees, and through a restart of the database (:mod:`durable_django._runtime.waiting`);
         not inside a workflow body, nor a transaction on the store's database but on
         PostgreSQL. ``ticket``: the ``error.ticket`` a fair
         quota gave an earlier refusal of this start, to keep its place in the key's line
-        (:mod:`durable_django.tickets`); without it, the ticket presented by the request
-        being served, if any. The steps are :mod:`durable_django.starting`'s.
+        (:mod:`durable_django._rules.tickets`); without it, the ticket presented by the request
+        being served, if any. The steps are :mod:`durable_django._runtime.starting`'s.
         """
         options = StartOptions(concurrency, tags, namespace, wait, ticket)
         return starting.start(self, workflow, input, run_id, options)
@@ -265,7 +266,7 @@ class Engine:
         namespace: str | None = None,
     ) -> BatchStart:
         """Start one run of ``workflow`` per input, in one transaction; returns a
-        :class:`~durable_django.handles.BatchStart`.
+        :class:`~durable_django._runtime.handles.BatchStart`.
 
         Each run is quota-checked against its own key in the order of ``inputs``, as
         ``start`` would one after another: a refused one is listed in ``refused`` with its
@@ -335,7 +336,7 @@ class Engine:
     def send_each(self, runs: Iterable[RunRecord | NewRun]) -> None:
         """``send`` for runs as read from or written to the store: each on its queue, with
         its workflow's priority, and a ``django.tasks`` run with its task's
-        (:func:`~durable_django.task_meta.task_priority`), on every send of the run."""
+        (:func:`~durable_django._rules.task_meta.task_priority`), on every send of the run."""
         priorities: dict[str, int | None] = {}
         batch: list[Message] = []
         for run in runs:
@@ -589,12 +590,12 @@ def _check_statuses(statuses: Collection[str] | None) -> list[str] | None:
 
 def send_run(run_id: str, queue: str, *, later: bool = False) -> None:
     """Send the Celery message that makes a worker execute ``run_id`` (JSON, never pickle):
-    the lean publish of :mod:`durable_django.publishing`, inline, or from this process's
-    sender thread when ``later`` (:mod:`durable_django.sending`)."""
+    the lean publish of :mod:`durable_django._runtime.publishing`, inline, or from this process's
+    sender thread when ``later`` (:mod:`durable_django._runtime.sending`)."""
     send_runs([(run_id, queue, "", None, None)], later=later)
 
 
-#: A run's message as the engine hands it over: :class:`~durable_django.publishing.RunMessage`'s
+#: A run's message as the engine hands it over: :class:`~durable_django._runtime.publishing.RunMessage`'s
 #: fields ``(run_id, queue, workflow, priority, task_priority)``; a tuple, so that the
 #: engine imports neither Celery nor kombu.
 Message = tuple[str, str, str, int | None, int | None]
@@ -603,15 +604,15 @@ Message = tuple[str, str, str, int | None, int | None]
 def send_runs(runs: Sequence[Message], *, later: bool = False) -> None:
     """Send the Celery messages of several runs together: one message per run, as
     :func:`send_run` makes it, in one call of
-    :func:`~durable_django.publishing.publish_runs` (one broker connection, one round
+    :func:`~durable_django._runtime.publishing.publish_runs` (one broker connection, one round
     trip on Redis; with ``task_always_eager`` each run executes at once); from this
     process's sender thread when ``later``."""
     if later:
-        from .sending import send_later
+        from ._runtime.sending import send_later
 
         send_later(runs)
     else:
-        from .publishing import publish_runs
+        from ._runtime.publishing import publish_runs
 
         publish_runs(runs)
 

@@ -21,11 +21,11 @@ class ConcurrencyLimitError(DurableError):
     ``retry_after`` is the seconds (a float, at least 1) until a slot of the key is likely
     to free, estimated from the key's recent history once the refused start's transaction
     has ended; ``estimate`` says how it was reached (a
-    :class:`durable_django.estimates.Estimate`, ``None`` when the error was made without
+    :class:`durable_django._runtime.estimates.Estimate`, ``None`` when the error was made without
     one, and ``retry_after`` is then :data:`DEFAULT_RETRY_AFTER`). ``holders()`` lists
     the runs holding the key now.
 
-    Under a fair quota (:mod:`durable_django.tickets`), ``ticket`` is the refused start's
+    Under a fair quota (:mod:`durable_django._rules.tickets`), ``ticket`` is the refused start's
     place in the key's line, to present on its retry (``None`` otherwise, and for
     starts that cannot retry with one: children, events, schedules, batches); ``held``
     is the units of the limit held for older tickets (0 when none), which the start
@@ -89,7 +89,7 @@ class ConcurrencyLimitError(DurableError):
 
 class UnstorableValueError(DurableError, TypeError, ValueError):
     """A value the store cannot hold: not JSON, or text with a NUL character or a lone
-    surrogate, or JSON nested too deep or too large (see :mod:`durable_django.limits`).
+    surrogate, or JSON nested too deep or too large (see :mod:`durable_django._core.limits`).
 
     ``what`` names the value (``"the input of workflow 'x'"``), ``path`` where in it the
     problem is (``"$.a[3].b"``; ``"$"`` for the whole value), ``rule`` the rule it breaks.

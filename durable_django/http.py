@@ -14,13 +14,13 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_safe
 
+from ._rules.tickets import HEADER as TICKET_HEADER
+from ._rules.tickets import presenting
+from ._runtime.estimates import HISTORY
 from .engines import default_engine
 from .errors import ConcurrencyLimitError, RunNotFound
-from .estimates import HISTORY
 from .status import TERMINAL_STATUSES
 from .stores.base import RunRecord
-from .tickets import HEADER as TICKET_HEADER
-from .tickets import presenting
 
 DEFAULT_MESSAGE = "Busy, retry shortly"
 #: The ``Retry-After`` seconds when nothing better is known (the error's own default).

@@ -13,13 +13,13 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 from django.utils import timezone as django_timezone
 
-from . import limits
+from ._core import limits
+from ._core.serialization import json_copy, length_problem, number_problem, text_problem
+from ._rules.registry import default_registry
+from ._rules.windows import next_window, schedule_quota, validate_timing
 from .errors import UnstorableValueError, WorkflowNotFound
 from .fields import ExactCharField
-from .registry import default_registry
-from .serialization import json_copy, length_problem, number_problem, text_problem
 from .status import RunStatus
-from .windows import next_window, schedule_quota, validate_timing
 
 _Field = TypeVar("_Field", bound="models.Field[Any, Any]")
 
@@ -526,7 +526,7 @@ class QuotaLock(models.Model):
 
 class QuotaTicket(models.Model):
     """A ticket a fair quota keeps: a refused start's place in its key's line, taken when
-    its client came back with it (:mod:`durable_django.tickets`)."""
+    its client came back with it (:mod:`durable_django._rules.tickets`)."""
 
     id = models.CharField(primary_key=True, max_length=32)
     quota_key = ExactCharField(max_length=limits.QUOTA_KEY)

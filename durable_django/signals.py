@@ -25,7 +25,7 @@ from typing import Any
 
 from django.dispatch import Signal
 
-from .user_code import user_failure
+from ._core.user_code import user_failure
 
 logger = logging.getLogger("durable_django.signals")
 

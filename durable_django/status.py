@@ -1,10 +1,10 @@
-"""Run statuses, as Django choices (the plain values live in :mod:`~durable_django.lifecycle`)."""
+"""Run statuses, as Django choices (the plain values live in :mod:`~durable_django._core.lifecycle`)."""
 
 from __future__ import annotations
 
 from django.db import models
 
-from .lifecycle import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES
+from ._core.lifecycle import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES
 
 
 class RunStatus(models.TextChoices):

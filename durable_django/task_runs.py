@@ -28,16 +28,16 @@ from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from ._core.records import RunRecord, StepRecord
+from ._core.serialization import json_copy
+from ._rules.registry import WorkflowDefinition
+from ._rules.task_meta import TASK_WORKFLOW
+from ._runtime.execution import Context, error_payload
 from .engines import Engine, default_engine
 from .errors import RunNotFound
-from .execution import Context, error_payload
-from .records import RunRecord, StepRecord
-from .registry import WorkflowDefinition
-from .serialization import json_copy
 from .signals import run_finished
 from .signals import send as send_robustly
 from .status import RunStatus
-from .task_meta import TASK_WORKFLOW
 
 logger = logging.getLogger("durable_django.tasks_backend")
 

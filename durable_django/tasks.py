@@ -10,7 +10,7 @@ from celery import shared_task
 from celery.signals import task_postrun, task_revoked
 from django.db import InterfaceError, OperationalError
 
-from . import sending
+from ._runtime import sending
 from .conf import durable_settings
 from .db import close_connections
 from .engines import default_engine

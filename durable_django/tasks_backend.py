@@ -47,8 +47,8 @@ def unavailable_message() -> str:
 
 
 if TYPE_CHECKING:
+    from ._runtime.usage import QuotaUsage
     from .engines import Engine
-    from .usage import QuotaUsage
 
 if TYPE_CHECKING or TASKS_AVAILABLE:
     from .django_tasks import DurableTask as DurableTask

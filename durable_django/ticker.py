@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
+from ._runtime.tick import TickResult
 from .db import close_connections, close_stale_connections, one_line
 from .engines import Engine, default_engine
-from .tick import TickResult
 
 logger = logging.getLogger(__name__)
 

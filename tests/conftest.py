@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from durable_django import Engine
-from durable_django.registry import Registry
+from durable_django._rules.registry import Registry
 from durable_django.stores import MemoryStore, OrmStore
 
 from .helpers import boom, forget_kept_tickets
@@ -125,7 +125,7 @@ def _broker_in_use(name: str) -> Iterator[Broker]:
 def configured() -> Iterator[Any]:
     """``configure(**settings)`` sets Celery settings of the test app until the test ends
     (its router and run publisher are made anew)."""
-    from durable_django.publishing import forget_publisher
+    from durable_django._runtime.publishing import forget_publisher
 
     from .celery_app import app
 

@@ -60,7 +60,7 @@ def make_engines(limit: int) -> list[Any]:
     from django.db import connection
 
     from durable_django import Engine
-    from durable_django.registry import Registry
+    from durable_django._rules.registry import Registry
     from durable_django.stores import OrmStore
 
     registry = Registry()

@@ -233,7 +233,7 @@ def test_the_change_page_of_a_failed_run_shows_the_error_readably(admin_client, 
     assert folded and all(re.fullmatch(r"\d+ frames? of durable_django hidden", s) for s in folded)
     shown = re.sub(r"<details.*?</details>", "", error, flags=re.S)
     assert "helpers.py&quot;, line" in shown and "in boom" in shown
-    assert "durable_django/execution/" not in shown
+    assert "durable_django/_runtime/execution/" not in shown
     assert "RuntimeError: the reply service is down" in shown
     # Times to the second, without microseconds.
     run = Run.objects.get(pk=run_id)
@@ -820,10 +820,10 @@ def test_the_quota_page_shows_a_limit_computed_per_key_or_its_failure(admin_clie
 
 RECORDED_ELSEWHERE = """\
 Traceback (most recent call last):
-  File "/venv/lib/python3.13/site-packages/durable_django/execution/context.py", line 226, in step
+  File "/venv/lib/python3.13/site-packages/durable_django/_runtime/execution/context.py", line 226, in step
     value = _outside_body(fn, *args, **kwargs)
             ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
-  File "/venv/lib/python3.13/site-packages/durable_django/execution/context.py", line 401, in call
+  File "/venv/lib/python3.13/site-packages/durable_django/_runtime/execution/context.py", line 401, in call
     return fn(*args, **kwargs)
   File "/home/runner/work/durable_django/durable_django/tests/billing.py", line 12, in charge
     raise KeyError(card)
@@ -849,7 +849,7 @@ def test_library_frames_are_folded_wherever_the_traceback_was_recorded():
         (
             True,
             2,
-            '  File "/venv/lib/python3.13/site-packages/durable_django/execution/context.py"'
+            '  File "/venv/lib/python3.13/site-packages/durable_django/_runtime/execution/context.py"'
             ", line 226, in step",
         ),
         # A project checked out in a durable_django directory is the user's code.

@@ -15,9 +15,9 @@ from durable_django import (
     Engine,
     UnstorableValueError,
 )
-from durable_django.limits import MAX_JSON_BYTES, MAX_LIMIT, MIN_LIMIT, text_lengths
+from durable_django._core.limits import MAX_JSON_BYTES, MAX_LIMIT, MIN_LIMIT, text_lengths
+from durable_django._rules.registry import make_definition
 from durable_django.models import QuotaLock, Run, RunTag, Schedule, Signal, Step
-from durable_django.registry import make_definition
 from durable_django.testing import run_until_idle
 
 from .helpers import NUL, SURROGATE, nested

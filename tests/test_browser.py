@@ -354,7 +354,7 @@ def test_a_failed_runs_page_fits_with_its_traceback_folded(
 
     folded.locator("summary").click()
     expect(folded.locator("pre")).to_be_visible()
-    expect(folded.locator("pre")).to_contain_text("durable_django/execution/")
+    expect(folded.locator("pre")).to_contain_text("durable_django/_runtime/execution/")
     assert_fits_the_window(page)
 
     # The failed step: its error, its traceback folded; times on one line.

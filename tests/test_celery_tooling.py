@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from durable_django import workflow
+from durable_django._runtime.publishing import TASK_NAME, RunMessage, publish_runs
 from durable_django.engines import default_engine
 from durable_django.models import Run
-from durable_django.publishing import TASK_NAME, RunMessage, publish_runs
 
 from .brokers import TASK_PRIORITIES, Broker
 from .tooling_workflows import urgent

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
+from durable_django._runtime.publishing import TASK_NAME
 from durable_django.engines import default_engine
-from durable_django.publishing import TASK_NAME
 
 from .brokers import Broker
 from .celery_app import app

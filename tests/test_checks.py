@@ -17,6 +17,7 @@ from django.core import checks
 from django.core.management import call_command
 from django.test import override_settings
 
+from durable_django._rules.registry import make_definition
 from durable_django.checks import (
     CELERY_DEFAULT_BROKER,
     broker_errors,
@@ -28,7 +29,6 @@ from durable_django.checks import (
     quota_warnings,
 )
 from durable_django.engines import default_engine
-from durable_django.registry import make_definition
 from durable_django.stores import MemoryStore, OrmStore
 from durable_django.stores.database_checks import database_warnings
 

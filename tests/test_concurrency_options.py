@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from durable_django import DEFAULT_CONCURRENCY_STATUSES, Concurrency
-from durable_django.concurrency import (
+from durable_django._rules.concurrency import (
     Quota,
     aresolve,
     coerce,
@@ -14,7 +14,7 @@ from durable_django.concurrency import (
     quota_tag,
     resolve,
 )
-from durable_django.registry import Registry, make_definition
+from durable_django._rules.registry import Registry, make_definition
 
 
 def test_default_statuses_are_the_active_ones():

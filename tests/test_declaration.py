@@ -7,7 +7,7 @@ import abc
 import pytest
 
 from durable_django import BaseWorkflow, Concurrency, Engine, Workflow, workflow
-from durable_django.registry import Registry, default_registry
+from durable_django._rules.registry import Registry, default_registry
 from durable_django.testing import run_until_idle
 
 from .helpers import echo

@@ -1,6 +1,6 @@
 """Every start path of ``OrmStore`` against the reference, ``MemoryStore``.
 
-The admission rule is written once in Python (``durable_django.admission``) and again in
+The admission rule is written once in Python (``durable_django._rules.admission``) and again in
 each SQL routine that starts runs in one round trip. A seeded generator makes random
 scenarios of single starts, batches, retries, status changes and fair quotas' tickets;
 each operation is applied to a ``MemoryStore`` and to ``OrmStore`` on one of its paths
@@ -25,16 +25,16 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from durable_django.concurrency import Quota
+from durable_django._core.records import NewRun, StartOutcome
+from durable_django._rules.concurrency import Quota
+from durable_django._rules.tickets import KeptTicket, Ticket, issue
 from durable_django.errors import ConcurrencyLimitError
 from durable_django.models import RunTag
-from durable_django.records import NewRun, StartOutcome
 from durable_django.status import RunStatus
 from durable_django.stores import BaseStore, MemoryStore, OrmStore
 from durable_django.stores.base import StartRequest
 from durable_django.stores.contract import new_run
 from durable_django.stores.postgres import first_start
-from durable_django.tickets import KeptTicket, Ticket, issue
 
 TRIALS = 150
 SEED = 23000

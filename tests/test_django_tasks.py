@@ -36,8 +36,8 @@ from django.utils import timezone
 
 from durable_django import ConcurrencyLimitError, UnstorableValueError
 from durable_django import engine as default_engine
+from durable_django._core.records import StepRecord
 from durable_django.checks import check_tasks_backend
-from durable_django.records import StepRecord
 from durable_django.task_runs import STARTED_STEP, WORKFLOW
 from durable_django.tasks_backend import BACKEND_PATH, DurableTaskBackend
 from durable_django.testing import run_until_idle

@@ -18,7 +18,7 @@ from durable_django import (
     RunStatus,
     workflow,
 )
-from durable_django.execution import SignalTimeout, StepError
+from durable_django._runtime.execution import SignalTimeout, StepError
 from durable_django.testing import run_until_idle
 
 from .helpers import force_status

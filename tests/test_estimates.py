@@ -14,8 +14,8 @@ from django.db import connection
 from django.utils import timezone
 
 from durable_django import ConcurrencyLimitError, DurableError, Engine, RunStatus
-from durable_django import estimates as estimates_module
-from durable_django.estimates import HISTORY, NO_HISTORY, READ_FAILED, Holder
+from durable_django._runtime import estimates as estimates_module
+from durable_django._runtime.estimates import HISTORY, NO_HISTORY, READ_FAILED, Holder
 from durable_django.models import Run, RunTag
 from durable_django.stores import OrmStore
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from durable_django import ConcurrencyLimitError, RunStatus
 from durable_django import engine as default_engine
-from durable_django.estimates import HISTORY
+from durable_django._runtime.estimates import HISTORY
 
 from .brokers import Broker
 from .estimate_workflows import nap

@@ -10,8 +10,8 @@ from celery.exceptions import WorkerShutdown
 from django.db import DatabaseError, connection
 
 from durable_django import ConcurrencyLimitError, Engine
-from durable_django.events import event_run_id
-from durable_django.registry import Registry
+from durable_django._rules.registry import Registry
+from durable_django._runtime.events import event_run_id
 from durable_django.signals import event_skipped
 from durable_django.stores import OrmStore
 from durable_django.testing import run_until_idle

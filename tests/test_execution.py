@@ -6,8 +6,8 @@ import pytest
 from django.db import connection, transaction
 
 from durable_django import Engine, RunFailed, RunStatus
+from durable_django._rules.registry import Registry
 from durable_django.errors import RunTimeout
-from durable_django.registry import Registry
 from durable_django.stores import OrmStore
 from durable_django.testing import run_until_idle
 

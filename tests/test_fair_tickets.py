@@ -23,13 +23,14 @@ from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from durable_django import Concurrency, ConcurrencyLimitError, Engine, RunStatus, tickets
+from durable_django import Concurrency, ConcurrencyLimitError, Engine, RunStatus
 from durable_django import engine as default_engine
-from durable_django.concurrency import DEFAULT_FAIR_WINDOW, Quota, merge
-from durable_django.estimates import Holder, soonest_free
-from durable_django.lifecycle import ACTIVE_STATUSES
+from durable_django._core.lifecycle import ACTIVE_STATUSES
+from durable_django._rules import tickets
+from durable_django._rules.concurrency import DEFAULT_FAIR_WINDOW, Quota, merge
+from durable_django._rules.tickets import HEADER, KeptTicket, issue, place_in_line, read
+from durable_django._runtime.estimates import Holder, soonest_free
 from durable_django.stores import MemoryStore, OrmStore
-from durable_django.tickets import HEADER, KeptTicket, issue, place_in_line, read
 
 from . import hammer_tickets
 from .helpers import echo, force_status, statements_sent

@@ -14,9 +14,9 @@ import pytest
 from django.db import connection
 
 from durable_django import ConcurrencyLimitError
-from durable_django.concurrency import Quota
+from durable_django._core.records import NewRun, StartOutcome
+from durable_django._rules.concurrency import Quota
 from durable_django.models import Run, RunTag
-from durable_django.records import NewRun, StartOutcome
 from durable_django.stores.orm import OrmStore
 from durable_django.stores.postgres import first_start
 

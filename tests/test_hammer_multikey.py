@@ -22,7 +22,7 @@ import pytest
 from django.db import connection
 from django.db.models import Sum
 
-from durable_django.lifecycle import ACTIVE_STATUSES
+from durable_django._core.lifecycle import ACTIVE_STATUSES
 from durable_django.models import Run, RunTag
 from tests.hammer_multikey import (
     LIMIT,

@@ -205,7 +205,10 @@ def test_a_cycle_made_later_is_found():
 #: The modules below the engine that name it in their annotations: the turn, which also
 #: wakes runs, starts children, sends signals and ends runs through it. The others take
 #: the engine as a ``runtime.Runtime``.
-NAMING_THE_ENGINE = {"durable_django.execution.context", "durable_django.execution.turn"}
+NAMING_THE_ENGINE = {
+    "durable_django._runtime.execution.context",
+    "durable_django._runtime.execution.turn",
+}
 
 
 def test_below_the_engine_the_services_name_it_as_a_runtime():
@@ -217,7 +220,9 @@ def test_below_the_engine_the_services_name_it_as_a_runtime():
         for found in imports_of(module, path, annotations=True)
         if found.imported == engines
     }
-    assert naming == NAMING_THE_ENGINE, "annotate the engine as a durable_django.runtime.Runtime"
+    assert naming == NAMING_THE_ENGINE, (
+        "annotate the engine as a durable_django._core.runtime.Runtime"
+    )
 
 
 def test_imports_made_later_are_the_ones_the_page_lists():

@@ -17,9 +17,9 @@ from django.db.migrations.executor import MigrationExecutor
 from django.test import override_settings
 
 from durable_django import ConcurrencyLimitError, DurableError
-from durable_django.concurrency import Quota
+from durable_django._core.records import NewRun
+from durable_django._rules.concurrency import Quota
 from durable_django.models import QuotaLock, Run, RunTag
-from durable_django.records import NewRun
 from durable_django.stores import OrmStore
 from durable_django.stores.mariadb import parse_procedures, procedure_definitions, render
 

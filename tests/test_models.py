@@ -9,7 +9,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from durable_django.lifecycle import ALL_STATUSES, TERMINAL_STATUSES
+from durable_django._core.lifecycle import ALL_STATUSES, TERMINAL_STATUSES
 from durable_django.models import Run, RunTag
 from durable_django.status import ACTIVE_STATUSES, RunStatus
 from durable_django.stores import OrmStore

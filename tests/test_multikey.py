@@ -14,7 +14,7 @@ from durable_django import (
     RunNotFound,
     RunStatus,
 )
-from durable_django.concurrency import Quota, coerce_all, for_workflow, merge, resolve
+from durable_django._rules.concurrency import Quota, coerce_all, for_workflow, merge, resolve
 from durable_django.signals import run_refused
 from durable_django.testing import run_until_idle
 
@@ -397,8 +397,8 @@ def test_quota_usage_shows_a_run_under_each_of_its_keys(engine: Engine):
 
 
 def test_a_schedule_without_a_quota_of_its_own_takes_the_workflows_list(orm_engine: Engine):
+    from durable_django._runtime.schedules import fire_now
     from durable_django.models import Schedule
-    from durable_django.schedules import fire_now
 
     orm_engine.register(
         "wf",

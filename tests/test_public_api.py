@@ -9,20 +9,10 @@ import pkgutil
 import pytest
 
 import durable_django
-from durable_django import (
-    BaseWorkflow,
-    Context,
-    Engine,
-    Workflow,
-    engines,
-    errors,
-    execution,
-    handles,
-    starting,
-    windows,
-    workflow,
-)
-from durable_django.registry import Registry
+from durable_django import BaseWorkflow, Context, Engine, Workflow, engines, errors, workflow
+from durable_django._rules import windows
+from durable_django._rules.registry import Registry
+from durable_django._runtime import execution, handles, starting
 from durable_django.stores import MemoryStore
 
 
@@ -72,7 +62,7 @@ def test_the_old_import_paths_still_work():
     assert execution.NonDeterminismError is durable_django.NonDeterminismError
     assert durable_django.Context is execution.Context
     assert engines.RunHandle is durable_django.RunHandle
-    from durable_django.schedules import ScheduleSpec, latest_window, next_window
+    from durable_django._runtime.schedules import ScheduleSpec, latest_window, next_window
 
     assert (ScheduleSpec, latest_window, next_window) == (
         windows.ScheduleSpec,

@@ -1,4 +1,4 @@
-"""The lean publish (``durable_django.publishing``) on real brokers: its message is the
+"""The lean publish (``durable_django._runtime.publishing``) on real brokers: its message is the
 one Celery's ``apply_async`` sends and a real worker executes it, several runs go in one
 publish, and its pooled producers survive a broker restart.
 
@@ -25,7 +25,7 @@ from kombu.exceptions import OperationalError
 
 from durable_django import RunStatus
 from durable_django import engine as default_engine
-from durable_django.publishing import TASK_NAME, Publisher, publish_runs, publisher
+from durable_django._runtime.publishing import TASK_NAME, Publisher, publish_runs, publisher
 from durable_django.tasks import execute_run
 
 from .brokers import Broker

@@ -12,9 +12,9 @@ from django.utils import timezone
 
 from durable_django import Concurrency, Engine, RunNotFound, RunStatus
 from durable_django import engine as default_engine
+from durable_django._rules.registry import Registry
+from durable_django._rules.retention import PurgeResult
 from durable_django.models import Run, RunTag, Signal, Step
-from durable_django.registry import Registry
-from durable_django.retention import PurgeResult
 from durable_django.stores import MemoryStore, OrmStore
 from durable_django.testing import run_until_idle
 

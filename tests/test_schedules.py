@@ -13,8 +13,13 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 
 from durable_django import Engine, RunStatus
+from durable_django._runtime.schedules import (
+    ScheduleSpec,
+    latest_window,
+    next_window,
+    window_run_id,
+)
 from durable_django.models import Schedule
-from durable_django.schedules import ScheduleSpec, latest_window, next_window, window_run_id
 
 from .helpers import force_status
 from .ticker_process import declare, tick_in_process
@@ -266,7 +271,7 @@ def test_declared_schedules_are_synced_by_key(orm: Engine):
     assert row.next_due_at is not None
     # Edited in the admin: the declaration no longer overwrites it.
     Schedule.objects.filter(pk=row.pk).update(cron="30 * * * *", source="admin")
-    from durable_django.schedules import sync_declared
+    from durable_django._runtime.schedules import sync_declared
 
     assert sync_declared(orm) == ["hourly"]
     assert Schedule.objects.get(key="hourly").cron == "30 * * * *"
@@ -468,7 +473,7 @@ def test_a_window_the_database_refuses_is_skipped_and_the_others_fire(
 def test_a_declaration_the_database_refuses_is_skipped_and_the_others_sync(orm_tx: Engine, caplog):
     """Declarations built past their validation (``ScheduleSpec`` without ``build``): what
     the database refuses is logged, recorded on the row when there is one, and skipped."""
-    from durable_django.registry import make_definition
+    from durable_django._rules.registry import make_definition
 
     orm_tx.register(
         "declared", "1", lambda ctx, i: i, schedule={"key": "c-updated", "interval": 60}

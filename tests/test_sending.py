@@ -1,4 +1,4 @@
-"""Run messages sent from the process's sender thread (``durable_django.sending``).
+"""Run messages sent from the process's sender thread (``durable_django._runtime.sending``).
 
 The sender itself is tested with real threads and a send function of the test's; the
 starts' messages on a real broker (Redis; RabbitMQ too on PostgreSQL): handed over only
@@ -25,8 +25,9 @@ from celery.signals import task_postrun
 from django.db import transaction
 from django.test import override_settings
 
-from durable_django import ConcurrencyLimitError, Engine, sending
-from durable_django.sending import Sender
+from durable_django import ConcurrencyLimitError, Engine
+from durable_django._runtime import sending
+from durable_django._runtime.sending import Sender
 from durable_django.tasks import execute_run
 
 from .brokers import Broker
@@ -328,7 +329,7 @@ def test_a_process_that_exits_right_after_its_start_still_sends_it(
         import time, django
         django.setup()
         import tests.celery_app  # the test broker, as a project's celery.py
-        from durable_django import sending
+        from durable_django._runtime import sending
         def slow(items):
             time.sleep(0.3)
             sending._send_items(items)

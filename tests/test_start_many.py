@@ -17,8 +17,8 @@ from durable_django import (
     UnstorableValueError,
     workflow,
 )
+from durable_django._rules.registry import Registry
 from durable_django.models import QuotaLock, Run, RunTag
-from durable_django.registry import Registry
 from durable_django.signals import run_refused, run_started
 from durable_django.testing import run_until_idle
 

@@ -9,9 +9,9 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 
 from durable_django import Engine, RunStatus, UnstorableValueError
-from durable_django.limits import MAX_ERROR_MESSAGE, MAX_JSON_BYTES, MAX_JSON_DEPTH
+from durable_django._core.limits import MAX_ERROR_MESSAGE, MAX_JSON_BYTES, MAX_JSON_DEPTH
+from durable_django._core.serialization import json_copy, storable_text
 from durable_django.models import Run, Step
-from durable_django.serialization import json_copy, storable_text
 from durable_django.stores import OrmStore
 from durable_django.testing import run_until_idle
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from durable_django.concurrency import Quota
-from durable_django.records import StepRecord
+from durable_django._core.records import StepRecord
+from durable_django._rules.concurrency import Quota
 from durable_django.status import RunStatus
 from durable_django.stores import BaseStore, MemoryStore, OrmStore
 from durable_django.testing import StoreContract

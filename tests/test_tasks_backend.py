@@ -13,8 +13,13 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from durable_django import tasks_backend
+from durable_django._rules.task_meta import (
+    TASK_WORKFLOW,
+    message_priority,
+    shown_name,
+    task_priority,
+)
 from durable_django.checks import check_tasks_backend
-from durable_django.task_meta import TASK_WORKFLOW, message_priority, shown_name, task_priority
 from durable_django.tasks_backend import BACKEND_PATH, DurableTaskBackend
 
 HAS_TASKS = importlib.util.find_spec("django.tasks") is not None

@@ -33,10 +33,10 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from durable_django import Engine, RunHandle, RunStatus
+from durable_django._runtime.tick import TickResult
 from durable_django.engines import send_run
 from durable_django.management.cli.tick import TickSubcommand
 from durable_django.stores import OrmStore
-from durable_django.tick import TickResult
 from durable_django.ticker import Ticker
 
 from .brokers import Broker

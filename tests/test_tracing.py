@@ -13,7 +13,7 @@ import pytest
 from celery import signals as celery_signals
 
 from durable_django import ConcurrencyLimitError
-from durable_django.publishing import TASK_NAME
+from durable_django._runtime.publishing import TASK_NAME
 
 from .brokers import Broker
 from .worker_workflows import total

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from durable_django.publishing import TASK_NAME
+from durable_django._runtime.publishing import TASK_NAME
 
 from .brokers import Broker
 from .tracing_worker import KeptTransport, init_sentry, read, span_entry

@@ -18,7 +18,7 @@ from django.db import connection
 from django.utils import timezone
 
 from durable_django import Engine, RunStatus
-from durable_django.registry import Registry
+from durable_django._rules.registry import Registry
 from durable_django.stores import OrmStore
 
 from .faults import TcpProxy, database_alias, proxied_settings

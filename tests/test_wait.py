@@ -20,11 +20,11 @@ from django.test import Client
 
 from durable_django import ConcurrencyLimitError, DurableError, Engine, RunStatus, workflow
 from durable_django import engine as default_engine
-from durable_django.lifecycle import ACTIVE_STATUSES
+from durable_django._core.lifecycle import ACTIVE_STATUSES
+from durable_django._runtime.waiting import MAX_WAIT_SECONDS, waiting_count
 from durable_django.models import Run, RunTag
 from durable_django.stores import OrmStore
 from durable_django.testing import run_until_idle
-from durable_django.waiting import MAX_WAIT_SECONDS, waiting_count
 
 from .hammer import STORES
 from .helpers import echo, force_status

@@ -21,9 +21,9 @@ from asgiref.sync import async_to_sync
 from django.db import connection, connections
 
 from durable_django import ConcurrencyLimitError, Engine, RunStatus
-from durable_django.registry import Registry
+from durable_django._rules.registry import Registry
+from durable_django._runtime.waiting import waiting_count
 from durable_django.stores import OrmStore
-from durable_django.waiting import waiting_count
 
 from .faults import MariaDbServer, PostgresServer, django_database
 from .helpers import echo, force_status

@@ -21,7 +21,7 @@ from django.test import override_settings
 
 from durable_django import ConcurrencyLimitError, Engine, RunFailed, RunStatus
 from durable_django import engine as default_engine
-from durable_django.concurrency import quota_tag
+from durable_django._rules.concurrency import quota_tag
 from durable_django.models import Run, RunTag
 from durable_django.stores.base import StepRecord
 from tests.testapp.workflows import EchoWorkflow, plain
@@ -152,7 +152,7 @@ def test_a_waiting_start_is_admitted_when_the_worker_ends_the_holder(sending: Wo
     frees the slot, and the waiting start is admitted and executed in its turn."""
     from django.db import connections
 
-    from durable_django.waiting import waiting_count
+    from durable_django._runtime.waiting import waiting_count
 
     quota = {"key": f"tenant:{uuid.uuid4().hex}", "limit": 1}
     with override_settings(DURABLE={"ENQUEUE": False, "QUEUE": sending.queue}):

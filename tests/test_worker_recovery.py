@@ -330,7 +330,7 @@ import os, signal, sys, threading, django
 django.setup()
 import tests.celery_app
 from django.test import override_settings
-from durable_django import sending
+from durable_django._runtime import sending
 sending._sender = sending.Sender(lambda items: threading.Event().wait())  # never sends
 from tests.recovery_workflows import once
 with override_settings(DURABLE={durable_options(own_queue)!r}):

@@ -29,7 +29,7 @@ def tick_in_process(db_name: str, keys: list[str], barrier: Any, results: Any) -
 
         django.setup()
         from durable_django import Engine
-        from durable_django.registry import Registry
+        from durable_django._rules.registry import Registry
         from durable_django.stores import OrmStore
 
         engine = Engine(store=OrmStore(), registry=Registry(), enqueue=False)

@@ -31,7 +31,34 @@ from durable_django import (
     current_run,
     workflow,
 )
-from durable_django.concurrency import Quota
+from durable_django._core.lifecycle import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES
+from durable_django._core.limits import (
+    MAX_JSON_BYTES,
+    MAX_JSON_DEPTH,
+    MAX_LIMIT,
+    MIN_LIMIT,
+    TextLengths,
+    text_lengths,
+)
+from durable_django._rules.concurrency import Quota
+from durable_django._rules.retention import PurgeResult, active_ancestors
+from durable_django._rules.task_quotas import TaskQuota, task_quota, task_quotas
+from durable_django._runtime.events import PublishResult, event_run_id, publish
+from durable_django._runtime.execution import NonDeterminismError, SignalTimeout, StepError, Suspend
+from durable_django._runtime.schedules import (
+    Firing,
+    ScheduleSpec,
+    belongs_to_one_schedule,
+    fire,
+    fire_due,
+    fire_now,
+    latest_window,
+    next_window,
+    sync_declared,
+    validate_timing,
+    window_run_id,
+)
+from durable_django._runtime.usage import QuotaUsage, quota_usage
 
 # Every name the reference documents, imported from where it says: each must be exported
 # explicitly there (mypy --strict refuses a name a module merely imports).
@@ -39,8 +66,6 @@ from durable_django.django_tasks import DurableTask as DjangoTasksDurableTask
 from durable_django.django_tasks import DurableTaskBackend as DjangoTasksDurableTaskBackend
 from durable_django.engines import RunHandle as EnginesRunHandle
 from durable_django.engines import TickResult
-from durable_django.events import PublishResult, event_run_id, publish
-from durable_django.execution import NonDeterminismError, SignalTimeout, StepError, Suspend
 from durable_django.http import (
     ConcurrencyLimitMiddleware,
     concurrency_limit_response,
@@ -48,15 +73,6 @@ from durable_django.http import (
     run_status_response,
     run_status_view,
     too_many_requests,
-)
-from durable_django.lifecycle import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES
-from durable_django.limits import (
-    MAX_JSON_BYTES,
-    MAX_JSON_DEPTH,
-    MAX_LIMIT,
-    MIN_LIMIT,
-    TextLengths,
-    text_lengths,
 )
 from durable_django.metrics import (
     METRICS,
@@ -90,20 +106,6 @@ from durable_django.observability.events import (
     observe,
     observers,
 )
-from durable_django.retention import PurgeResult, active_ancestors
-from durable_django.schedules import (
-    Firing,
-    ScheduleSpec,
-    belongs_to_one_schedule,
-    fire,
-    fire_due,
-    fire_now,
-    latest_window,
-    next_window,
-    sync_declared,
-    validate_timing,
-    window_run_id,
-)
 from durable_django.status import ACTIVE_STATUSES as STATUS_ACTIVE_STATUSES
 from durable_django.stores import (
     BaseStore,
@@ -117,12 +119,10 @@ from durable_django.stores import (
     Store,
 )
 from durable_django.stores.base import RunRecord as BaseRunRecord
-from durable_django.task_quotas import TaskQuota, task_quota, task_quotas
 from durable_django.tasks import beat_schedule, execute_run, tick
 from durable_django.tasks_backend import DurableTask, DurableTaskBackend
 from durable_django.testing import StoreContract, run_until_idle
 from durable_django.ticker import Ticker
-from durable_django.usage import QuotaUsage, quota_usage
 
 
 def priced(amount: int, *, currency: str = "EUR") -> str:

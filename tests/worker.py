@@ -27,7 +27,8 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from durable_django import RunHandle, RunTimeout, sending
+from durable_django import RunHandle, RunTimeout
+from durable_django._runtime import sending
 
 from .celery_app import app
 
@@ -64,7 +65,7 @@ def queue_keys(queue: str) -> list[str]:
 
 def sent() -> None:
     """Wait until the run messages this process handed to its sender thread have left
-    (``durable_django.sending``): what the tests read or change on a queue is then what
+    (``durable_django._runtime.sending``): what the tests read or change on a queue is then what
     the starts made so far sent."""
     assert sending.flush(10), "run messages were still not sent after 10 s"
 

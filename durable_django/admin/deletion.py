@@ -11,8 +11,8 @@ from collections.abc import Collection
 
 from django.utils.translation import ngettext
 
+from .._rules.retention import active_ancestors
 from ..models import Run
-from ..retention import active_ancestors
 from .display import named
 
 

@@ -13,15 +13,15 @@ from django.urls import reverse
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from .. import estimates
-from ..concurrency import DEFAULT_CONCURRENCY_STATUSES
+from .._rules.concurrency import DEFAULT_CONCURRENCY_STATUSES
+from .._runtime import estimates
 from ..engines import default_engine
 from ..tasks_backend import shown_usage
 from .display import duration_text
 
 if TYPE_CHECKING:
-    from ..estimates import Estimate
-    from ..usage import QuotaUsage
+    from .._runtime.estimates import Estimate
+    from .._runtime.usage import QuotaUsage
 
 
 class QuotaPageAdmin(Protocol):
@@ -65,8 +65,8 @@ def quota_page(model_admin: QuotaPageAdmin, request: HttpRequest) -> HttpRespons
 def quota_row(
     usage: QuotaUsage, changelist_url: str, estimate: Estimate | None = None
 ) -> dict[str, Any]:
-    """What the quota page shows for one :class:`~durable_django.usage.QuotaUsage`, with
-    its :func:`~durable_django.estimates.for_usage` estimate when given."""
+    """What the quota page shows for one :class:`~durable_django._runtime.usage.QuotaUsage`, with
+    its :func:`~durable_django._runtime.estimates.for_usage` estimate when given."""
     limit = usage.limit
     if limit is None:
         percent = None

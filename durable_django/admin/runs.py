@@ -24,14 +24,14 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_http_methods, require_POST
 
-from ..concurrency import quota_tag
+from .._core.limits import CHILD_STEP_PREFIX, TAG_PREFIX
+from .._rules.concurrency import quota_tag
+from .._rules.task_meta import TASK_WORKFLOW, shown_name
 from ..engines import default_engine
 from ..errors import ConcurrencyLimitError, DurableError
-from ..limits import CHILD_STEP_PREFIX, TAG_PREFIX
 from ..models import Run, RunTag, Step
 from ..status import ACTIVE_STATUSES, RunStatus
 from ..stores.orm import OrmStore
-from ..task_meta import TASK_WORKFLOW, shown_name
 from .deletion import below_active_messages, runs_below_active
 from .display import (
     ReadOnlyInline,

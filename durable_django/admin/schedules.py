@@ -10,9 +10,9 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
 
+from .._runtime.schedules import fire_now
 from ..engines import default_engine
 from ..models import Schedule
-from ..schedules import fire_now
 from .display import report, run_url, timestamp, timestamp_field
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ def is_library_file(path: str) -> bool:
     traceback was recorded (a worker's path may differ from this process's).
 
     The part after the last ``durable_django/`` directory must name a file of this package:
-    ``…/site-packages/durable_django/execution/turn.py`` does, a project checked out in a
+    ``…/site-packages/durable_django/_runtime/execution/turn.py`` does, a project checked out in a
     ``durable_django`` directory (``…/durable_django/tests/test_x.py``) does not.
     """
     parts = path.replace("\\", "/").split("/")

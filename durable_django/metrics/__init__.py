@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
+from .._core.records import RunRecord, StepRecord
 from ..errors import ConcurrencyLimitError
 from ..observability.events import (
     AfterTurn,
@@ -31,7 +32,6 @@ from ..observability.events import (
     forget,
     observe,
 )
-from ..records import RunRecord, StepRecord
 from .catalogue import (
     LEASE_LOSSES,
     LIBRARIES,
@@ -55,7 +55,7 @@ from .catalogue import (
 )
 
 if TYPE_CHECKING:
-    from ..tick import TickResult
+    from .._runtime.tick import TickResult
 
 logger = logging.getLogger("durable_django.metrics")
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from ..concurrency import DEFAULT_CONCURRENCY_STATUSES
+from .._rules.concurrency import DEFAULT_CONCURRENCY_STATUSES
 from ..conf import durable_settings
 from ..db import closing_what_it_opens
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from .._core.runtime import Runtime
 
 logger = logging.getLogger("durable_django.metrics")
 

@@ -23,7 +23,7 @@ from .catalogue import (
 )
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from .._core.runtime import Runtime
 
 
 def _version() -> str:

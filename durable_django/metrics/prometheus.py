@@ -40,7 +40,7 @@ from .catalogue import (
 )
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from .._core.runtime import Runtime
 
 
 class QuotaCollector(Collector):

@@ -65,11 +65,11 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
+from .._core.records import RunRecord
 from ..errors import ConcurrencyLimitError
-from ..records import RunRecord
 
 if TYPE_CHECKING:
-    from ..concurrency import Quota
+    from .._rules.concurrency import Quota
 
 logger = logging.getLogger("durable_django.observability")
 

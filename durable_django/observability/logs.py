@@ -7,7 +7,7 @@ Named loggers, one per concern:
   when it was raised in this turn), a turn whose worker no longer held the run (INFO:
   it was cancelled, or handed on after the worker stalled).
 - ``durable_django.starts``: a start refused by its quota (INFO).
-- ``durable_django.events``: an event's subscriber skipped (WARNING).
+- ``durable_django._runtime.events``: an event's subscriber skipped (WARNING).
 
 Each record carries the run's fields as ``extra`` (:func:`run_fields`); a start's carry
 ``durable_workflow``, ``durable_key``, ``durable_limit``, ``durable_active`` and
@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Final
 
+from .._core.records import RunRecord
 from ..errors import ConcurrencyLimitError
-from ..records import RunRecord
 from .events import AfterTurn, Observer, StepEvent, TurnEvent
 
 runs = logging.getLogger("durable_django.runs")

@@ -29,8 +29,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode
 
+from .._core.records import RunRecord
 from ..errors import ConcurrencyLimitError
-from ..records import RunRecord
 from .events import Observer, StartEvent, StepEvent, TurnEvent
 
 tracer = trace.get_tracer("durable_django")

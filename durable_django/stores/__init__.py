@@ -3,7 +3,7 @@ Both implement :class:`BaseStore`, the store contract."""
 
 from typing import TYPE_CHECKING
 
-from ..records import NewRun, RunRecord, StartOutcome, StepRecord
+from .._core.records import NewRun, RunRecord, StartOutcome, StepRecord
 from .base import BaseStore, StartRequest, Store
 from .memory import MemoryStore
 

@@ -15,7 +15,7 @@ That one primitive makes claiming, finishing, waking, cancelling and recovering 
 when several workers and tickers race.
 
 The records that cross the contract (:class:`NewRun`, :class:`RunRecord`,
-:class:`StepRecord`, :class:`StartOutcome`) live in :mod:`durable_django.records` and are
+:class:`StepRecord`, :class:`StartOutcome`) live in :mod:`durable_django._core.records` and are
 importable from here too. ``durable_django.testing.StoreContract`` is the test suite a
 store runs against itself.
 """
@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from django.utils import timezone
 
-from ..admission import Refusal, decide
-from ..concurrency import Quota
+from .._core.lifecycle import TERMINAL_STATUSES
+from .._core.limits import TAG_PREFIX
+from .._core.records import NewRun, RunRecord, StartOutcome, StepRecord
+from .._rules.admission import Refusal, decide
+from .._rules.concurrency import Quota
+from .._rules.retention import active_ancestors
+from .._rules.tickets import KeptTicket, Line, Ticket, place_in_line
 from ..errors import ConcurrencyLimitError, DurableError
-from ..lifecycle import TERMINAL_STATUSES
-from ..limits import TAG_PREFIX
-from ..records import NewRun, RunRecord, StartOutcome, StepRecord
-from ..retention import active_ancestors
-from ..tickets import KeptTicket, Line, Ticket, place_in_line
 
 if TYPE_CHECKING:
     from django.core.checks import CheckMessage
@@ -292,7 +292,7 @@ class BaseStore(abc.ABC):
         order given, whose units and the run's weight would exceed its limit, creating
         nothing (a fair quota also counts the units held for kept tickets ahead of the
         start's ``ticket``: :func:`check_quotas`; the decision is
-        :func:`durable_django.admission.decide`); then the run is created, its quota tags
+        :func:`durable_django._rules.admission.decide`); then the run is created, its quota tags
         weighing ``run.weights``.
 
         Without ``check_existing`` (the engine passes it for ids it generated) nothing is
@@ -718,7 +718,7 @@ def quota_transaction(
 @dataclass(frozen=True, slots=True)
 class QuotaDecision:
     """What :func:`decide_quotas` read and decided for one start: the
-    :class:`~durable_django.admission.Refusal` (``None``: admitted), and, under fair
+    :class:`~durable_django._rules.admission.Refusal` (``None``: admitted), and, under fair
     quotas, each quota's line (``None`` for a quota that is not fair) and the time they
     were read at."""
 
@@ -784,10 +784,10 @@ def decide_read(
     read_namespace: str | None,
     ticket: Ticket | None = None,
 ) -> QuotaDecision:
-    """Decide from what was read (:func:`durable_django.admission.decide`): each key's
+    """Decide from what was read (:func:`durable_django._rules.admission.decide`): each key's
     ``units`` and, for a fair quota, the start's place in its key's line of
     ``read_namespace``, read by ``line_of(key)``
-    (:func:`durable_django.tickets.place_in_line`: the live kept tickets ahead of the
+    (:func:`durable_django._rules.tickets.place_in_line`: the live kept tickets ahead of the
     start's ``ticket``, all of them without one, hold their units)."""
     if not any(quota.fair for quota in quotas):
         return QuotaDecision(decide(quotas, units))

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from ..concurrency import DEFAULT_CONCURRENCY_STATUSES, Quota, quota_tag
+from .._core.records import NewRun, RunRecord, StartOutcome, StepRecord
+from .._rules.concurrency import DEFAULT_CONCURRENCY_STATUSES, Quota, quota_tag
+from .._rules.tickets import KeptTicket, issue
 from ..errors import ConcurrencyLimitError, DurableError
-from ..records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..status import TERMINAL_STATUSES, RunStatus
-from ..tickets import KeptTicket, issue
 from .base import BaseStore, StartRequest
 
 __all__ = ["StoreContract"]

@@ -11,10 +11,10 @@ from typing import Any
 
 from django.utils import timezone
 
-from ..limits import TAG_PREFIX
-from ..records import NewRun, RunRecord, StepRecord
+from .._core.limits import TAG_PREFIX
+from .._core.records import NewRun, RunRecord, StepRecord
+from .._rules.tickets import KeptTicket
 from ..status import RunStatus
-from ..tickets import KeptTicket
 from .base import BaseStore, is_holders_check
 
 

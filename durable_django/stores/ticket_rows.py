@@ -22,8 +22,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from .._rules.tickets import KeptTicket
 from ..models import QuotaTicket
-from ..tickets import KeptTicket
 
 
 def line(using: str, key: str, namespace: str | None) -> list[KeptTicket]:

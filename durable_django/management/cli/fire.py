@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from ..._runtime.schedules import fire_now
 from ...models import Schedule
-from ...schedules import fire_now
 from .base import Subcommand
 
 

@@ -6,10 +6,10 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from ... import estimates
-from ...estimates import Estimate
+from ..._runtime import estimates
+from ..._runtime.estimates import Estimate
+from ..._runtime.usage import QuotaUsage
 from ...tasks_backend import shown_usage
-from ...usage import QuotaUsage
 from .base import Subcommand
 
 BAR_WIDTH = 10

@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ...concurrency import quota_tag
+from ..._rules.concurrency import quota_tag
+from ..._rules.task_meta import shown_name
 from ...status import RunStatus
-from ...task_meta import shown_name
 from .base import Subcommand, run_data
 
 DEFAULT_LIMIT = 50

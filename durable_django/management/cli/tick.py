@@ -14,8 +14,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from ..._runtime.tick import TickResult
 from ...db import one_line
-from ...tick import TickResult
 from ...ticker import Ticker
 from .base import Subcommand
 

@@ -20,14 +20,14 @@ from django.db import DatabaseError, IntegrityError, OperationalError, connectio
 from django.db.models import OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
-from ...concurrency import Quota
+from ..._core.limits import TAG_PREFIX
+from ..._core.records import NewRun, RunRecord, StartOutcome, StepRecord
+from ..._rules.concurrency import Quota
+from ..._rules.tickets import KeptTicket, Ticket
 from ...db import connection_lost
 from ...errors import ConcurrencyLimitError
-from ...limits import TAG_PREFIX
 from ...models import Run, RunTag, Signal, Step
-from ...records import NewRun, RunRecord, StartOutcome, StepRecord
 from ...status import TERMINAL_STATUSES, RunStatus
-from ...tickets import KeptTicket, Ticket
 from .. import ticket_rows
 from ..base import (
     AsyncReleaseListener,

@@ -13,9 +13,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 from django.utils import timezone
 
+from ..._core.records import StartOutcome
 from ...errors import DurableError
 from ...models import QuotaLock, Run, model_field
-from ...records import StartOutcome
 from ..base import StartRequest
 from .portable import PortablePath, in_callers_transaction, portable_sql, routine_outcome
 

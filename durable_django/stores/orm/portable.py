@@ -13,12 +13,12 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 from django.utils import timezone
 
-from ...admission import refused_by
-from ...concurrency import Quota
+from ..._core.records import NewRun, StartOutcome
+from ..._rules.admission import refused_by
+from ..._rules.concurrency import Quota
+from ..._rules.tickets import Ticket
 from ...models import QuotaLock, Run, RunQuerySet, RunTag, model_field
-from ...records import NewRun, StartOutcome
 from ...status import RunStatus
-from ...tickets import Ticket
 from ..base import (
     BaseStore,
     StartRequest,

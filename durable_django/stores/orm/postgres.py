@@ -16,13 +16,13 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 from django.utils import timezone
 
-from ...admission import decide, refused_by
-from ...concurrency import Quota
+from ..._core.records import NewRun, RunRecord, StartOutcome, StepRecord
+from ..._rules.admission import decide, refused_by
+from ..._rules.concurrency import Quota
+from ..._rules.tickets import Ticket
 from ...errors import ConcurrencyLimitError
 from ...models import Run, Step, model_field
-from ...records import NewRun, RunRecord, StartOutcome, StepRecord
 from ...status import RunStatus
-from ...tickets import Ticket
 from .. import ticket_rows
 from ..base import StartRequest, batch_index, decide_read, existing_outcome
 from ..postgres import arrays, first_start

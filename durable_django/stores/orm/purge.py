@@ -8,8 +8,8 @@ from datetime import datetime
 
 from django.db import transaction
 
+from ..._rules.retention import active_ancestors
 from ...models import Signal
-from ...retention import active_ancestors
 from ...status import TERMINAL_STATUSES
 from .portable import PortablePath
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ...concurrency import Quota
+from ..._rules.concurrency import Quota
 from .bound import binds_client_side
 from .start_text import EXISTING_SQL, statements
 

@@ -23,7 +23,7 @@ import psycopg
 from django.db import connections
 from psycopg import sql
 
-from ...limits import TAG_PREFIX
+from ..._core.limits import TAG_PREFIX
 from ..base import AsyncReleaseListener, ReleaseListener
 
 #: The prefix of a release channel; the rest is the first 16 hex digits of the tag's md5.

@@ -16,8 +16,8 @@ from typing import Any
 
 from django.db.migrations.operations.base import Operation, OperationCategory
 
-from ...lifecycle import ACTIVE_STATUSES
-from ...limits import TAG_PREFIX
+from ..._core.lifecycle import ACTIVE_STATUSES
+from ..._core.limits import TAG_PREFIX
 from ..routines import InstallRoutines
 from . import FUNCTIONS, function_definitions
 

@@ -26,9 +26,9 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from ...concurrency import Quota
-from ...limits import TAG_PREFIX
-from ...records import NewRun
+from ..._core.limits import TAG_PREFIX
+from ..._core.records import NewRun
+from ..._rules.concurrency import Quota
 from . import FUNCTIONS, FUNCTIONS_FILE
 
 #: The columns a start writes into ``durable_run``, in :func:`run_row`'s order.

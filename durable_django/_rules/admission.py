@@ -1,0 +1,76 @@
+"""The admission rule's decision: whether a start fits under its quotas.
+
+A start is admitted when, for each of its quotas, the key's units (the weights of the
+key's runs in the counted statuses), the units held for older fair tickets and the
+start's own weight stay within the limit; it is refused at the first quota, in the
+order given, where they would not. :func:`decide` takes what a store read and says
+which quota refuses, if one does; :meth:`Refusal.error` builds the
+:class:`~durable_django.ConcurrencyLimitError` a refusal raises.
+
+Every start path decides here, or decodes a server routine's answer into a
+:class:`Refusal` (:func:`refused_by`): the Python reference (``BaseStore``'s start,
+batch and retry), the ORM store's portable path, the first start on a PostgreSQL
+connection, and the answers of the PostgreSQL functions and the MariaDB procedure,
+which apply the same rule in SQL. ``tests/test_differential.py`` holds every path to
+the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import ConcurrencyLimitError
+from .concurrency import Quota
+
+if TYPE_CHECKING:
+    from .tickets import Line
+
+__all__ = ["Refusal", "decide", "refused_by"]
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The quota that turned a start away: its position among the start's quotas
+    (``index``, from 0), the key's ``active`` units, the units ``held`` for older fair
+    tickets, and, under a fair quota, the ``line`` the decision saw."""
+
+    index: int
+    quota: Quota
+    active: int
+    held: int = 0
+    line: Line | None = None
+
+    def error(self, workflow: str) -> ConcurrencyLimitError:
+        """The refusal raised (or returned in a batch's place) for a start of
+        ``workflow``: the one place a quota's :class:`ConcurrencyLimitError` is built."""
+        error = ConcurrencyLimitError(
+            workflow, self.quota.key, self.quota.limit, self.active, held=self.held
+        )
+        error.line = self.line
+        return error
+
+
+def decide(
+    quotas: Sequence[Quota],
+    units: Sequence[int],
+    lines: Sequence[Line | None] = (),
+) -> Refusal | None:
+    """The first of ``quotas`` whose key's ``units`` (one number per quota, in their
+    order), the units its ``line`` holds for older tickets (``Line.ahead``; a quota
+    without a line holds none) and its weight exceed its limit; ``None`` when every
+    quota admits the start."""
+    for index, (quota, active) in enumerate(zip(quotas, units, strict=True)):
+        line = lines[index] if lines else None
+        held = line.ahead if line is not None else 0
+        if active + held + quota.weight > quota.limit:
+            return Refusal(index, quota, int(active), held, line)
+    return None
+
+
+def refused_by(quotas: Sequence[Quota], position: int, active: int) -> Refusal:
+    """A server routine's refusal decoded: it names the refusing quota by its
+    ``position`` among ``quotas`` (from 1, as SQL counts) and the key's ``active``
+    units."""
+    return Refusal(position - 1, quotas[position - 1], int(active))
