@@ -151,8 +151,9 @@ class DurableTaskBackend(BaseTaskBackend):
 
     def queue_engine(self, queue_name: str) -> Engine:
         """The engine that starts the tasks of Django queue ``queue_name``: the default
-        engine, with the queue's Celery queue (:func:`~durable_django._rules.task_quotas.celery_queue`)
-        as the queue of the runs it creates and sends."""
+        engine, with the queue's Celery queue
+        (:func:`~durable_django._rules.task_quotas.celery_queue`) as the queue of the runs it
+        creates and sends."""
         queue = celery_queue(queue_name)
         default = self.engine
         config = default.config

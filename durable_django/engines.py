@@ -228,7 +228,8 @@ class Engine:
         :class:`ConcurrencyLimitError` for the first quota, in the list's order, that is
         full; then nothing is created and nothing is sent. ``wait`` (seconds or a
         ``timedelta``, at most an hour) waits that long for a slot before refusing, woken
-        when one frees, and through a restart of the database (:mod:`durable_django._runtime.waiting`);
+        when one frees, and through a restart of the database
+        (:mod:`durable_django._runtime.waiting`);
         not inside a workflow body, nor a transaction on the store's database but on
         PostgreSQL. ``ticket``: the ``error.ticket`` a fair
         quota gave an earlier refusal of this start, to keep its place in the key's line
@@ -595,8 +596,9 @@ def send_run(run_id: str, queue: str, *, later: bool = False) -> None:
     send_runs([(run_id, queue, "", None, None)], later=later)
 
 
-#: A run's message as the engine hands it over: :class:`~durable_django._runtime.publishing.RunMessage`'s
-#: fields ``(run_id, queue, workflow, priority, task_priority)``; a tuple, so that the
+#: A run's message as the engine hands it over:
+#: :class:`~durable_django._runtime.publishing.RunMessage`'s fields
+#: ``(run_id, queue, workflow, priority, task_priority)``; a tuple, so that the
 #: engine imports neither Celery nor kombu.
 Message = tuple[str, str, str, int | None, int | None]
 

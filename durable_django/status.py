@@ -1,4 +1,5 @@
-"""Run statuses, as Django choices (the plain values live in :mod:`~durable_django._core.lifecycle`)."""
+"""Run statuses, as Django choices (the plain values live in
+:mod:`~durable_django._core.lifecycle`)."""
 
 from __future__ import annotations
 

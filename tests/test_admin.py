@@ -820,10 +820,10 @@ def test_the_quota_page_shows_a_limit_computed_per_key_or_its_failure(admin_clie
 
 RECORDED_ELSEWHERE = """\
 Traceback (most recent call last):
-  File "/venv/lib/python3.13/site-packages/durable_django/_runtime/execution/context.py", line 226, in step
+  File "/venv/lib/site-packages/durable_django/_runtime/execution/context.py", line 226, in step
     value = _outside_body(fn, *args, **kwargs)
             ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
-  File "/venv/lib/python3.13/site-packages/durable_django/_runtime/execution/context.py", line 401, in call
+  File "/venv/lib/site-packages/durable_django/_runtime/execution/context.py", line 401, in call
     return fn(*args, **kwargs)
   File "/home/runner/work/durable_django/durable_django/tests/billing.py", line 12, in charge
     raise KeyError(card)
@@ -849,7 +849,7 @@ def test_library_frames_are_folded_wherever_the_traceback_was_recorded():
         (
             True,
             2,
-            '  File "/venv/lib/python3.13/site-packages/durable_django/_runtime/execution/context.py"'
+            '  File "/venv/lib/site-packages/durable_django/_runtime/execution/context.py"'
             ", line 226, in step",
         ),
         # A project checked out in a durable_django directory is the user's code.

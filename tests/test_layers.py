@@ -48,9 +48,21 @@ class Import:
     lazy: bool  # made inside a function
 
 
+#: The internal packages the page names modules without.
+INTERNAL = ("_core", "_rules", "_runtime")
+
+
 def full_name(name: str) -> str:
-    """``engines`` -> ``durable_django.engines``; the package itself is ``durable_django``."""
-    return name if name == "durable_django" else f"durable_django.{name}"
+    """``engines`` -> ``durable_django.engines``; ``concurrency`` ->
+    ``durable_django._rules.concurrency`` (an internal module, named without its package);
+    the package itself is ``durable_django``."""
+    if name == "durable_django":
+        return name
+    first = name.split(".")[0]
+    for package in INTERNAL:
+        if any((PACKAGE / package / f"{first}{end}").exists() for end in (".py", "")):
+            return f"durable_django.{package}.{name}"
+    return f"durable_django.{name}"
 
 
 def table_rows(heading: str) -> list[list[str]]:

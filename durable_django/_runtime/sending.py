@@ -179,8 +179,8 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 def send_later(runs: Runs) -> None:
     """Send the ``execute_run`` message of each run (a
-    :class:`~durable_django._runtime.publishing.RunMessage` or ``(run_id, queue)``) from the sender's
-    thread, with the Celery app current in the caller's thread (and its ``contextvars``
+    :class:`~durable_django._runtime.publishing.RunMessage` or ``(run_id, queue)``) from the
+    sender's thread, with the Celery app current in the caller's thread (and its ``contextvars``
     context when the publishing is watched); inline under Celery's ``task_always_eager``
     or uWSGI without threads."""
     if not runs:
