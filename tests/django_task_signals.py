@@ -1,4 +1,4 @@
-"""Receivers of Django's task signals for the worker of tests/test_django_tasks_worker.py:
+"""Receivers of Django's task signals for the worker of tests/processes/test_django_tasks_worker.py:
 each signal a worker sends is appended, as a JSON line, to the file named by
 ``DURABLE_TEST_TASK_SIGNALS`` (the test reads it back), with the class of the exception
 being handled as it was sent, if any (what Django's ``django.tasks`` log line carries)."""

@@ -1,5 +1,5 @@
 """Workflows whose user code leaves (``sys.exit()``) or blocks, for the tests of a worker
-facing them (tests/test_base_exceptions_worker.py); the test module and the worker both
+facing them (tests/processes/test_base_exceptions_worker.py); the test module and the worker both
 import them."""
 
 from __future__ import annotations

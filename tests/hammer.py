@@ -1,6 +1,6 @@
-"""What the quota hammer tests share (``tests/test_hammer.py``, ``tests/test_pgbouncer.py``):
-the size of a trial, the store paths under test, fresh keys, and the checks of what the
-starters of a trial did and left in the database."""
+"""What the quota hammer tests share (``tests/processes/test_hammer.py``,
+``tests/processes/test_pgbouncer.py``): the size of a trial, the store paths under test,
+fresh keys, and the checks of what the starters of a trial did and left in the database."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Concurrent batches of starts for ``tests/test_hammer_batches.py``, in threads and in
+"""Concurrent batches of starts for ``tests/processes/test_hammer_batches.py``, in threads and in
 spawned processes.
 
 Each starter, in each trial, waits on a shared barrier, then starts one batch naming every

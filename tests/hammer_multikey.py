@@ -1,5 +1,5 @@
 """Concurrent starters under overlapping lists of weighted quotas, for
-``tests/test_hammer_multikey.py``, in threads and in spawned processes.
+``tests/processes/test_hammer_multikey.py``, in threads and in spawned processes.
 
 Each trial has its own :data:`KEYS_PER_TRIAL` fresh keys, each with limit :data:`LIMIT`
 units. Every starter of a trial starts one run under a list of one to three of them, in

@@ -1,5 +1,5 @@
 """Polite clients presenting their tickets and flooders without, under one fair key, for
-``tests/test_fair_tickets.py``, in threads and in spawned processes.
+``tests/runtime/test_fair_tickets.py``, in threads and in spawned processes.
 
 A polite client starts, and on each refusal retries at once (no sleep: the hammer is
 about the limit, not about manners) presenting the ticket it was given; a flooder starts

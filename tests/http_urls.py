@@ -1,4 +1,4 @@
-"""Views that raise a quota refusal, for the 429 tests (``tests/test_http.py``)."""
+"""Views that raise a quota refusal, for the 429 tests (``tests/surface/test_http.py``)."""
 
 from django.http import HttpResponse
 from django.urls import path

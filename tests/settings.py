@@ -103,7 +103,8 @@ CELERY_BROKER_URL = os.environ.get("DURABLE_TEST_BROKER", "redis://127.0.0.1:637
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 
-# Django's tasks framework (Django >= 6.0) on the durable backend: tests/test_django_tasks.py.
+# Django's tasks framework (Django >= 6.0) on the durable backend:
+# tests/surface/test_django_tasks.py.
 # (Before 6.0 the setting would only earn the warning durable_django.W007.)
 if django.VERSION[:2] >= (6, 0):
     TASKS = {

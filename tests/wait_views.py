@@ -1,5 +1,5 @@
 """Views starting a run with ``wait=``, for the tests of waiting inside a request's
-transaction (``tests/test_wait.py``): ``ATOMIC_REQUESTS`` on, the view does not write
+transaction (``tests/runtime/test_wait.py``): ``ATOMIC_REQUESTS`` on, the view does not write
 ``atomic()`` itself."""
 
 from django.db import transaction

@@ -1,4 +1,4 @@
-"""The child process of the waiting hammer (``tests/test_wait.py``): threads starting runs
+"""The child process of the waiting hammer (``tests/runtime/test_wait.py``): threads starting runs
 with ``wait=`` under one key, on the parent's test database. Kept apart so that a spawned
 child imports it without importing a test module."""
 

@@ -11,7 +11,7 @@ Every start path decides here, or decodes a server routine's answer into a
 :class:`Refusal` (:func:`refused_by`): the Python reference (``BaseStore``'s start,
 batch and retry), the ORM store's portable path, the first start on a PostgreSQL
 connection, and the answers of the PostgreSQL functions and the MariaDB procedure,
-which apply the same rule in SQL. ``tests/test_differential.py`` holds every path to
+which apply the same rule in SQL. ``tests/stores/test_differential.py`` holds every path to
 the reference.
 """
 

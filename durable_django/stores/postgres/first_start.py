@@ -6,7 +6,7 @@ Planning ``durable_start_run_v2``'s work sent as plain statements costs less the
 the first start on a connection sends them (:func:`statements`: one query string, one
 round trip), and every later start calls the function, whose plans it then reuses. Both
 are rendered from the same fragments (``start_text``), take the same locks in the same
-order and apply the same rule; ``tests/test_first_start.py`` runs every case through both.
+order and apply the same rule; ``tests/stores/test_first_start.py`` runs every case through both.
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ and the inserts of the run and its tags (:func:`insert_run`, :func:`insert_tags`
 set-based batch ``durable_start_runs_v2`` uses :func:`search`, :func:`admits` and
 :func:`insert_run` too.
 
-``functions.sql`` holds the rendered text, as released: ``tests/test_postgresql_functions.py``
-checks that :func:`start_function` equals the file's ``durable_start_run_v2`` and that the
-batch holds the fragments as rendered here. ``python -m
-durable_django.stores.postgres.start_text`` writes the rendered function into the file.
-"""
+``functions.sql`` holds the rendered text, as released:
+``tests/stores/test_postgresql_functions.py`` checks that :func:`start_function` equals the
+file's ``durable_start_run_v2`` and that the batch holds the fragments as rendered here.
+``python -m durable_django.stores.postgres.start_text`` writes the rendered function into
+the file."""
 
 from __future__ import annotations
 

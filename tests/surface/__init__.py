@@ -1,0 +1,1 @@
+"""Tests of what a project touches: admin, HTTP, commands, checks, Django tasks, observability."""

@@ -1,0 +1,1 @@
+"""Tests of the code alone: the layers, the suite's habits, the public API's names."""
