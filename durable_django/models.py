@@ -92,8 +92,9 @@ class Run(models.Model):
     input = models.JSONField(null=True, blank=True)
     output = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
-    # NULL, not "", for a run without a parent: it is a reference, not text.
-    parent_id = ExactCharField(max_length=limits.RUN_ID, null=True, blank=True, db_index=True)
+    # NULL, not "", for a run without a parent: it is a reference, not text. Its index is
+    # partial (``durable_run_parent_idx``, below): only child runs are looked up by parent.
+    parent_id = ExactCharField(max_length=limits.RUN_ID, null=True, blank=True)
     blocked_reason = models.TextField(blank=True, default="")
     attempt = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now)
@@ -123,22 +124,30 @@ class Run(models.Model):
         verbose_name_plural = "runs"
         ordering = ["-created_at"]
         indexes = [
+            # Also the tick's search for the running runs whose lease lapsed: it reads the
+            # running runs (as many as the turns executing, or about to be handed on) and
+            # tests their lease. No index holds the lease, so a renewal of the lease
+            # changes no indexed column: on PostgreSQL it stays in place (a HOT update, no
+            # index entry), and on MySQL and MariaDB it updates no index.
             models.Index(fields=["status", "created_at"], name="durable_run_status_idx"),
             models.Index(fields=["workflow", "status"], name="durable_run_workflow_idx"),
             models.Index(fields=["namespace", "status"], name="durable_run_namespace_idx"),
             models.Index(fields=["created_at"], name="durable_run_created_idx"),
-            # The tick's searches (``OrmStore.due_runs``): the runs due to wake, the
-            # running runs whose lease lapsed. Partial on those statuses, so that the
-            # other status changes of a run (its claim, its end) write no entry of them.
+            # The tick's search (``OrmStore.due_runs``) for the runs due to wake. Partial on
+            # those statuses, so that the other status changes of a run (its claim, its
+            # end) write no entry of it.
             PartialIndex(
                 fields=["status", "wake_at"],
                 name="durable_run_wake_idx",
                 where=Q(status__in=[RunStatus.SUSPENDED, RunStatus.BLOCKED]),
             ),
+            # A run's children (the purge, the admin's deletion): only the runs that have a
+            # parent are in it, so the other runs' rows (a start, and every status change,
+            # none of which can stay in place: the status is indexed) write no entry of it.
             PartialIndex(
-                fields=["status", "lease_expires_at"],
-                name="durable_run_lease_idx",
-                where=Q(status=RunStatus.RUNNING),
+                fields=["parent_id"],
+                name="durable_run_parent_idx",
+                where=Q(parent_id__isnull=False),
             ),
         ]
         constraints = [

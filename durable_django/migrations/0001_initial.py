@@ -58,7 +58,7 @@ class Migration(migrations.Migration):
                 ('input', models.JSONField(blank=True, null=True)),
                 ('output', models.JSONField(blank=True, null=True)),
                 ('error', models.JSONField(blank=True, null=True)),
-                ('parent_id', durable_django.fields.ExactCharField(blank=True, db_index=True, max_length=255, null=True)),
+                ('parent_id', durable_django.fields.ExactCharField(blank=True, max_length=255, null=True)),
                 ('blocked_reason', models.TextField(blank=True, default='')),
                 ('attempt', models.PositiveIntegerField(default=1)),
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
@@ -75,7 +75,7 @@ class Migration(migrations.Migration):
                 'verbose_name_plural': 'runs',
                 'db_table': 'durable_run',
                 'ordering': ['-created_at'],
-                'indexes': [models.Index(fields=['status', 'created_at'], name='durable_run_status_idx'), models.Index(fields=['workflow', 'status'], name='durable_run_workflow_idx'), models.Index(fields=['namespace', 'status'], name='durable_run_namespace_idx'), models.Index(fields=['created_at'], name='durable_run_created_idx'), durable_django.models.PartialIndex(fields=['status', 'wake_at'], name='durable_run_wake_idx', where=models.Q(('status__in', ['suspended', 'blocked']))), durable_django.models.PartialIndex(fields=['status', 'lease_expires_at'], name='durable_run_lease_idx', where=models.Q(('status', 'running')))],
+                'indexes': [models.Index(fields=['status', 'created_at'], name='durable_run_status_idx'), models.Index(fields=['workflow', 'status'], name='durable_run_workflow_idx'), models.Index(fields=['namespace', 'status'], name='durable_run_namespace_idx'), models.Index(fields=['created_at'], name='durable_run_created_idx'), durable_django.models.PartialIndex(fields=['status', 'wake_at'], name='durable_run_wake_idx', where=models.Q(('status__in', ['suspended', 'blocked']))), durable_django.models.PartialIndex(fields=['parent_id'], name='durable_run_parent_idx', where=models.Q(('parent_id__isnull', False)))],
                 'constraints': [models.CheckConstraint(condition=models.Q(('status__in', ['pending', 'running', 'suspended', 'blocked', 'completed', 'failed', 'cancelled'])), name='durable_run_status_valid')],
             },
         ),
@@ -163,11 +163,10 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('run', 'position'), name='durable_step_unique')],
             },
         ),
-        # On PostgreSQL, no ``varchar_pattern_ops`` index beside the run id's and the
-        # parent id's: nothing queries them with LIKE, and every status change would
-        # update them.
+        # On PostgreSQL, no ``varchar_pattern_ops`` index beside the run id's: nothing
+        # queries it with LIKE, and every status change would update it.
         durable_django.stores.postgres.operations.RemoveLikeIndexes(
             model_name='run',
-            fields=['id', 'parent_id'],
+            fields=['id'],
         ),
     ]

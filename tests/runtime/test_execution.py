@@ -218,9 +218,9 @@ def test_the_claims_asynchronous_commit_stays_with_the_claim(registry: Registry)
         run_id = engine.start("wf", {}).run_id
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
-                "SELECT r_status FROM durable_claim_run_v1(%s, 'me', now(), now(), now(), %s)",
+                "SELECT r_workflow FROM durable_claim_run_v1(%s, 'me', now(), now(), now(), %s)",
                 [run_id, async_commit],
             )
-            assert cursor.fetchone()[0] == "running"
+            assert cursor.fetchone()[0] == "wf"
             assert show_synchronous_commit() == inside
         assert show_synchronous_commit() == "on"

@@ -322,11 +322,22 @@ class PostgresPath(PortablePath):
         if row is None:
             return None
         *values, tags, steps = row
-        run = dict(zip(_RUN_COLUMNS, values, strict=True))
+        run = dict(zip(_CLAIMED_COLUMNS, values, strict=True))
         for name in ("input", "output", "error", "wait"):
             field = model_field(Run, name, JSONField)
             run[name] = field.from_db_value(run[name], field.cached_col, connection)
-        record = RunRecord(run_id=run.pop("id"), tags=sorted(tags), **run)
+        # What the claim set is not read back: it is what this call gave.
+        record = RunRecord(
+            run_id=run_id,
+            status=RunStatus.RUNNING,
+            updated_at=params[4],
+            lease_owner=fields["lease_owner"],
+            lease_expires_at=fields["lease_expires_at"],
+            started_at=fields["started_at"],
+            wake_at=None,
+            tags=sorted(tags),
+            **run,
+        )
         return record, [
             StepRecord(position=position, name=name, result=result, error=error)
             for position, name, result, error in steps or ()
@@ -373,13 +384,12 @@ class PostgresPath(PortablePath):
         return True
 
 
-#: The run's columns, in the order the PostgreSQL fast path reads them.
-_RUN_COLUMNS = (
-    "id",
+#: The run's columns ``durable_claim_run_v1`` returns, in its order: those the claim does
+#: not set.
+_CLAIMED_COLUMNS = (
     "workflow",
     "version",
     "namespace",
-    "status",
     "input",
     "output",
     "error",
@@ -388,13 +398,8 @@ _RUN_COLUMNS = (
     "blocked_reason",
     "attempt",
     "created_at",
-    "updated_at",
-    "started_at",
     "finished_at",
-    "wake_at",
     "wait",
-    "lease_owner",
-    "lease_expires_at",
 )
 
 #: The fields of a claim that ``durable_claim_run_v1`` makes (``wake_at`` is cleared).

@@ -33,7 +33,10 @@ $$;
 
 
 -- A worker's claim: a pending run to running with its lease, its tags' status with it;
--- returns the run, its tags and its recorded steps (no row: the run was not pending).
+-- returns what the claimer does not know of the run, its tags and its recorded steps (no
+-- row: the run was not pending). What the claim itself sets is not returned, the caller
+-- gave it: the id, the status ('running'), updated_at (p_now), lease_owner,
+-- lease_expires_at, started_at and wake_at (NULL).
 --
 -- With p_async_commit (the caller is not inside a transaction of its own) the claim's
 -- commit does not wait for the WAL flush. Nothing that depends on a claim can be made
@@ -53,12 +56,10 @@ CREATE OR REPLACE FUNCTION durable_claim_run_v1(
     p_now timestamptz,
     p_async_commit boolean
 ) RETURNS TABLE(
-    r_id text, r_workflow text, r_version text, r_namespace text, r_status text,
-    r_input jsonb, r_output jsonb, r_error jsonb, r_queue text, r_parent_id text,
-    r_blocked_reason text, r_attempt integer, r_created_at timestamptz,
-    r_updated_at timestamptz, r_started_at timestamptz, r_finished_at timestamptz,
-    r_wake_at timestamptz, r_wait jsonb, r_lease_owner text, r_lease_expires_at timestamptz,
-    r_tags text[], r_steps json
+    r_workflow text, r_version text, r_namespace text, r_input jsonb, r_output jsonb,
+    r_error jsonb, r_queue text, r_parent_id text, r_blocked_reason text, r_attempt integer,
+    r_created_at timestamptz, r_finished_at timestamptz, r_wait jsonb, r_tags text[],
+    r_steps json
 )
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -72,19 +73,19 @@ BEGIN
             lease_owner = p_lease_owner, lease_expires_at = p_lease_expires_at,
             started_at = p_started_at, wake_at = NULL
         WHERE id = p_id AND status || '' = 'pending'
-        RETURNING *
+        RETURNING workflow, version, namespace, input, output, error, queue, parent_id,
+            blocked_reason, attempt, created_at, finished_at, wait
     ), tagged AS (
         UPDATE durable_run_tag SET status = 'running'
-        WHERE run_id IN (SELECT c.id FROM changed c) RETURNING tag
+        WHERE run_id = p_id AND EXISTS (SELECT FROM changed) RETURNING tag
     )
-    SELECT c.id::text, c.workflow::text, c.version::text, c.namespace::text,
-        c.status::text, c.input, c.output, c.error, c.queue::text, c.parent_id::text,
-        c.blocked_reason, c.attempt, c.created_at, c.updated_at, c.started_at,
-        c.finished_at, c.wake_at, c.wait, c.lease_owner::text, c.lease_expires_at,
+    SELECT c.workflow::text, c.version::text, c.namespace::text, c.input, c.output,
+        c.error, c.queue::text, c.parent_id::text, c.blocked_reason, c.attempt,
+        c.created_at, c.finished_at, c.wait,
         ARRAY(SELECT t.tag::text FROM tagged t),
         (SELECT json_agg(json_build_array(s."position", s.name, s.result, s.error)
                 ORDER BY s."position")
-         FROM durable_step s WHERE s.run_id = c.id)
+         FROM durable_step s WHERE s.run_id = p_id)
     FROM changed c;
 END
 $$;
