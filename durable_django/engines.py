@@ -476,8 +476,10 @@ class Engine:
         ``datetime``), with their tags and recorded steps, and the signals taken before
         it. ``statuses`` narrows the finished statuses purged (all three by default);
         active runs are never purged, nor runs below an active run (a parent, grandparent,
-        ... still active may read their outcomes again). With ``SCOPE_READS``, only this
-        engine's namespace. Examines ``batch_size`` runs per transaction."""
+        ... still active may read their outcomes again), nor runs finished within the
+        longest ``per`` of the rate limits declared on the engine's workflows (they may
+        still count in a window). With ``SCOPE_READS``, only this engine's namespace.
+        Examines ``batch_size`` runs per transaction."""
         return purge(self, older_than, statuses, batch_size)
 
     # reading ------------------------------------------------------------------------

@@ -265,3 +265,55 @@ def test_a_declared_rate_limit_needs_a_key_function_and_a_per_start_one_a_str(en
     with pytest.raises(ValueError, match="reserved for rate limits"):
         engine.start("echo", {}, tags=["rate:k"])
     assert engine.list_runs() == []
+
+
+def test_the_window_is_read_from_its_index_alone(orm_engine, clock):
+    """The window's sum searches the (tag, created_at, weight) index from the window's
+    start: the key's older history is never read (PostgreSQL's and MariaDB's plans)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from durable_django._core.records import NewRun
+
+    if connection.vendor not in ("postgresql", "mysql"):
+        pytest.skip("EXPLAIN output is PostgreSQL's and MariaDB's")
+    store = orm_engine.store
+    for number in range(60):
+        store.create_run(NewRun(f"old-{number}", "wf", "1", "default", {}, tags=("rate:k",)))
+    clock.to(3600)
+    store.create_run(NewRun("new", "wf", "1", "default", {}, tags=("rate:k",)))
+    quota = Quota("k", 10, (), 1, None, 60.0)
+    with CaptureQueriesContext(connection) as queries:
+        assert store.rate_units([quota], timezone.now(), None) == [1]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL enable_seqscan = off")  # a small table would be scanned
+            cursor.execute("EXPLAIN " + queries[0]["sql"])
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            assert "durable_tag_window_idx" in plan
+            conditions = [line for line in plan.splitlines() if "Index Cond" in line]
+            assert conditions and all("created_at" in line for line in conditions)
+        else:
+            cursor.execute("EXPLAIN " + queries[0]["sql"])
+            columns = [column[0] for column in cursor.description]
+            (row,) = cursor.fetchall()
+            found = dict(zip(columns, row, strict=True))
+            assert found["key"] == "durable_tag_window_idx"
+            assert found["type"] == "range"
+            assert int(found["rows"]) < 60
+
+
+def test_purge_keeps_the_runs_still_inside_a_declared_window(engine, clock):
+    engine.register("limited", "1", echo, rate_limit=RateLimit(lambda i: "k", 1, per=3600))
+    engine.register("echo", "1", echo)
+    handle = engine.start("limited", {})
+    other = engine.start("echo", {})
+    for run_id in (handle.run_id, other.run_id):
+        force_status(engine, run_id, RunStatus.COMPLETED, finished_at=timezone.now())
+    clock.advance(1800)
+    assert engine.purge(datetime.timedelta(seconds=60)).runs == 0  # within the hour's window
+    with pytest.raises(RateLimitError):
+        engine.start("limited", {})
+    clock.advance(1801)
+    assert engine.purge(datetime.timedelta(seconds=60)).runs == 2
+    assert engine.start("limited", {}).created
