@@ -317,3 +317,36 @@ def test_purge_keeps_the_runs_still_inside_a_declared_window(engine, clock):
     clock.advance(1801)
     assert engine.purge(datetime.timedelta(seconds=60)).runs == 2
     assert engine.start("limited", {}).created
+
+
+def test_the_tasks_backend_takes_a_rate_limit_per_task():
+    """``OPTIONS["rate_limit"]`` of the django.tasks backend, checked on any Django: each
+    enqueue of the task passes its entry as the start's ``rate_limit``."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from durable_django._rules.task_quotas import backend_settings
+
+    checked = backend_settings(
+        "default",
+        {
+            "OPTIONS": {
+                "rate_limit": {
+                    "myapp.tasks.report": {
+                        "key_function": lambda *a, **k: f"r:{a[0]}",
+                        "limit": 5,
+                        "per": 60,
+                    }
+                }
+            }
+        },
+    )
+    rate = checked.rate_limits["myapp.tasks.report"]
+    assert rate.for_call(["acme"], {}) == {"key": "r:acme", "limit": 5, "per": 60.0}
+    assert checked.quotas == {}
+    for bad, message in (
+        ({"key": "k", "limit": 5}, "'per' is missing"),
+        ({"key": "k", "limit": 5, "per": 0}, "per must be more than 0"),
+        ({"key": "k", "limit": 5, "per": 1, "count_statuses": []}, "unknown rate_limit option"),
+    ):
+        with pytest.raises(ImproperlyConfigured, match=message):
+            backend_settings("default", {"OPTIONS": {"rate_limit": {"myapp.tasks.report": bad}}})
