@@ -26,7 +26,7 @@ from durable_django._rules.concurrency import Quota
 from durable_django.http import too_many_requests
 from durable_django.testing import run_until_idle
 
-from .helpers import echo, force_status
+from ..helpers import echo, force_status
 
 START = datetime.datetime(2030, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 
