@@ -1,6 +1,6 @@
 """Durable workflows for Django, with concurrency quotas on starting runs."""
 
-from ._rules.concurrency import DEFAULT_CONCURRENCY_STATUSES, Concurrency
+from ._rules.concurrency import DEFAULT_CONCURRENCY_STATUSES, Concurrency, RateLimit
 from ._runtime.execution import Context
 from ._runtime.handles import BatchStart, RunHandle
 from .declaration import BaseWorkflow, Workflow, workflow
@@ -11,6 +11,7 @@ from .errors import (
     ConcurrencyLimitError,
     DurableError,
     NonDeterminismError,
+    RateLimitError,
     RunFailed,
     RunNotFound,
     RunTimeout,
@@ -33,6 +34,8 @@ __all__ = [
     "DurableError",
     "Engine",
     "NonDeterminismError",
+    "RateLimit",
+    "RateLimitError",
     "RunFailed",
     "RunHandle",
     "RunInfo",

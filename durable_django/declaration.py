@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, TypeVar, overload
 
 from ._core.context import current_context
-from ._rules.concurrency import ConcurrencyOption
+from ._rules.concurrency import ConcurrencyOption, RateLimitOption
 from ._rules.registry import WorkflowDefinition, make_definition
 from ._runtime import starting
 from ._runtime.execution import Context
@@ -45,6 +45,7 @@ class StartMethods(Generic[Input, Output]):
         *,
         run_id: str | None = None,
         concurrency: ConcurrencyOption = None,
+        rate_limit: RateLimitOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
@@ -61,7 +62,7 @@ class StartMethods(Generic[Input, Output]):
         ``ctx.start_child``): ``run_id`` is then the child id, and ``wait`` and ``ticket``
         are refused.
         """
-        options = StartOptions(concurrency, tags, namespace, wait, ticket)
+        options = StartOptions(concurrency, tags, namespace, wait, ticket, rate_limit=rate_limit)
         return self._declared()._dispatch(input, run_id, options)
 
     async def adispatch(
@@ -70,6 +71,7 @@ class StartMethods(Generic[Input, Output]):
         *,
         run_id: str | None = None,
         concurrency: ConcurrencyOption = None,
+        rate_limit: RateLimitOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
@@ -77,7 +79,7 @@ class StartMethods(Generic[Input, Output]):
     ) -> RunHandle[Output]:
         """``dispatch`` for async views; ``wait`` waits without blocking the loop."""
         declared = self._declared()
-        options = StartOptions(concurrency, tags, namespace, wait, ticket)
+        options = StartOptions(concurrency, tags, namespace, wait, ticket, rate_limit=rate_limit)
         return await starting.astart(declared.engine, declared.definition, input, run_id, options)
 
     def dispatch_many(
@@ -86,6 +88,7 @@ class StartMethods(Generic[Input, Output]):
         *,
         run_ids: Iterable[str | None] | None = None,
         concurrency: ConcurrencyOption = None,
+        rate_limit: RateLimitOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
     ) -> BatchStart[Output]:
@@ -96,7 +99,7 @@ class StartMethods(Generic[Input, Output]):
         """
         declared = self._declared()
         _outside_body(declared, "dispatch_many")
-        options = StartOptions(concurrency, tags, namespace)
+        options = StartOptions(concurrency, tags, namespace, rate_limit=rate_limit)
         return starting.start_many(declared.engine, declared.definition, inputs, run_ids, options)
 
     async def adispatch_many(
@@ -105,12 +108,13 @@ class StartMethods(Generic[Input, Output]):
         *,
         run_ids: Iterable[str | None] | None = None,
         concurrency: ConcurrencyOption = None,
+        rate_limit: RateLimitOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
     ) -> BatchStart[Output]:
         """``dispatch_many`` for async views."""
         declared = self._declared()
-        options = StartOptions(concurrency, tags, namespace)
+        options = StartOptions(concurrency, tags, namespace, rate_limit=rate_limit)
         return await starting.astart_many(
             declared.engine, declared.definition, inputs, run_ids, options
         )
@@ -122,6 +126,7 @@ class StartMethods(Generic[Input, Output]):
         timeout: float | None = None,
         run_id: str | None = None,
         concurrency: ConcurrencyOption = None,
+        rate_limit: RateLimitOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
@@ -133,7 +138,7 @@ class StartMethods(Generic[Input, Output]):
         (no worker held) until the child settles; ``timeout`` does not apply.
         """
         declared = self._declared()
-        options = StartOptions(concurrency, tags, namespace, wait, ticket)
+        options = StartOptions(concurrency, tags, namespace, wait, ticket, rate_limit=rate_limit)
         context = _running_body(declared, options)
         if context is not None:
             output: Output = context.child(
@@ -149,6 +154,7 @@ class StartMethods(Generic[Input, Output]):
         timeout: float | None = None,
         run_id: str | None = None,
         concurrency: ConcurrencyOption = None,
+        rate_limit: RateLimitOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
@@ -156,7 +162,7 @@ class StartMethods(Generic[Input, Output]):
     ) -> Output:
         """``start`` for async code."""
         declared = self._declared()
-        options = StartOptions(concurrency, tags, namespace, wait, ticket)
+        options = StartOptions(concurrency, tags, namespace, wait, ticket, rate_limit=rate_limit)
         handle: RunHandle[Output]
         handle = await starting.astart(declared.engine, declared.definition, input, run_id, options)
         return await handle.aresult(timeout=timeout)
@@ -304,6 +310,7 @@ def workflow(
     version: str = "1",
     *,
     concurrency: ConcurrencyOption = None,
+    rate_limit: RateLimitOption = None,
     tags: Iterable[str] = (),
     on_event: Iterable[str] = (),
     schedule: Any = None,
@@ -314,7 +321,9 @@ def workflow(
 
     ``name`` defaults to the target's dotted path; ``concurrency`` takes a
     :class:`~durable_django.Concurrency` or a dict with the same keys, or a list of them (a
-    start must pass every one); ``on_event`` names
+    start must pass every one); ``rate_limit`` takes a
+    :class:`~durable_django.RateLimit` or a dict with the same keys, or a list of them (a
+    start must pass them too, all or nothing with the quotas); ``on_event`` names
     the events that start it; ``schedule`` declares its persisted schedule(s) (see
     :class:`~durable_django._runtime.schedules.ScheduleSpec`); ``priority`` (0-9) is its run
     messages' Celery priority, over the route's and ``task_default_priority``. A class
@@ -336,6 +345,7 @@ def workflow(
             version,
             body,
             concurrency=concurrency,
+            rate_limit=rate_limit,
             tags=tags,
             on_event=on_event,
             schedule=schedule,

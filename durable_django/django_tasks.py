@@ -72,8 +72,10 @@ class DurableTaskBackend(BaseTaskBackend):
             self.settings_error = error
             params = {}
             self.quotas: dict[str, TaskQuota] = {}
+            self.rate_limits: dict[str, TaskQuota] = {}
         else:
             self.quotas = checked.quotas
+            self.rate_limits = checked.rate_limits
         super().__init__(alias, params)
         self.engine: Engine = default_engine
         self._queue_engines: dict[str, tuple[Any, Engine]] = {}
@@ -107,7 +109,8 @@ class DurableTaskBackend(BaseTaskBackend):
         """Start a run of the task, sent to a worker once the transaction commits.
 
         The arguments must be JSON. Raises :class:`~durable_django.ConcurrencyLimitError`
-        when the task's quota is full: nothing is created, nothing is sent.
+        when the task's quota is full (:class:`~durable_django.RateLimitError` when its
+        ``OPTIONS["rate_limit"]`` entry is): nothing is created, nothing is sent.
         """
         self.validate_task(task)
         path = task.module_path
@@ -119,6 +122,7 @@ class DurableTaskBackend(BaseTaskBackend):
         args = json_copy(list(args), f"the arguments of task {path!r}")
         kwargs = json_copy(dict(kwargs), f"the keyword arguments of task {path!r}")
         quota = self.quota(task)
+        rate = self.rate_limits.get(path)
         run_after = task.run_after
         input = {
             "task": path,
@@ -135,6 +139,7 @@ class DurableTaskBackend(BaseTaskBackend):
                 task_runs.WORKFLOW,
                 input,
                 concurrency=quota.for_call(args, kwargs) if quota is not None else None,
+                rate_limit=rate.for_call(args, kwargs) if rate is not None else None,
             )
         except ConcurrencyLimitError as error:
             raise _refused(error, path) from None

@@ -142,6 +142,7 @@ class Engine:
         fn: WorkflowBody,
         *,
         concurrency: quotas.ConcurrencyOption = None,
+        rate_limit: quotas.RateLimitOption = None,
         tags: Iterable[str] = (),
         on_event: Iterable[str] = (),
         schedule: Any = None,
@@ -155,6 +156,7 @@ class Engine:
                 version,
                 fn,
                 concurrency=concurrency,
+                rate_limit=rate_limit,
                 tags=tags,
                 on_event=on_event,
                 schedule=schedule,
@@ -168,6 +170,7 @@ class Engine:
         *,
         queue: str,
         concurrency: quotas.ConcurrencyOption = None,
+        rate_limit: quotas.RateLimitOption = None,
         tags: Iterable[str] = (),
         on_event: Iterable[str] = (),
         schedule: Any = None,
@@ -186,6 +189,7 @@ class Engine:
                 queue=queue,
                 remote=True,
                 concurrency=concurrency,
+                rate_limit=rate_limit,
                 tags=tags,
                 on_event=on_event,
                 schedule=schedule,
@@ -215,6 +219,7 @@ class Engine:
         run_id: str | None = None,
         *,
         concurrency: quotas.ConcurrencyOption = None,
+        rate_limit: quotas.RateLimitOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
@@ -236,7 +241,7 @@ class Engine:
         (:mod:`durable_django._rules.tickets`); without it, the ticket presented by the request
         being served, if any. The steps are :mod:`durable_django._runtime.starting`'s.
         """
-        options = StartOptions(concurrency, tags, namespace, wait, ticket)
+        options = StartOptions(concurrency, tags, namespace, wait, ticket, rate_limit=rate_limit)
         return starting.start(self, workflow, input, run_id, options)
 
     async def astart(
@@ -246,6 +251,7 @@ class Engine:
         run_id: str | None = None,
         *,
         concurrency: quotas.ConcurrencyOption = None,
+        rate_limit: quotas.RateLimitOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
         wait: Wait = None,
@@ -253,7 +259,7 @@ class Engine:
     ) -> RunHandle:
         """``start`` for async code; an async limit function is awaited on the loop, and
         ``wait`` waits without blocking it."""
-        options = StartOptions(concurrency, tags, namespace, wait, ticket)
+        options = StartOptions(concurrency, tags, namespace, wait, ticket, rate_limit=rate_limit)
         return await starting.astart(self, workflow, input, run_id, options)
 
     def start_many(
@@ -263,6 +269,7 @@ class Engine:
         *,
         run_ids: Iterable[str | None] | None = None,
         concurrency: quotas.ConcurrencyOption = None,
+        rate_limit: quotas.RateLimitOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
     ) -> BatchStart:
@@ -277,7 +284,7 @@ class Engine:
         and the batch creates nothing. The messages are sent together once the
         transaction commits.
         """
-        options = StartOptions(concurrency, tags, namespace)
+        options = StartOptions(concurrency, tags, namespace, rate_limit=rate_limit)
         return starting.start_many(self, workflow, inputs, run_ids, options)
 
     async def astart_many(
@@ -287,11 +294,12 @@ class Engine:
         *,
         run_ids: Iterable[str | None] | None = None,
         concurrency: quotas.ConcurrencyOption = None,
+        rate_limit: quotas.RateLimitOption = None,
         tags: Iterable[str] = (),
         namespace: str | None = None,
     ) -> BatchStart:
         """``start_many`` for async code; an async limit function is awaited on the loop."""
-        options = StartOptions(concurrency, tags, namespace)
+        options = StartOptions(concurrency, tags, namespace, rate_limit=rate_limit)
         return await starting.astart_many(self, workflow, inputs, run_ids, options)
 
     def start_child(
@@ -302,10 +310,11 @@ class Engine:
         run_id: str,
         *,
         concurrency: quotas.ConcurrencyOption = None,
+        rate_limit: quotas.RateLimitOption = None,
         tags: Iterable[str] = (),
     ) -> RunHandle:
         """Start a child of ``parent``, in its namespace, under the child's quota."""
-        options = StartOptions(concurrency, tags)
+        options = StartOptions(concurrency, tags, rate_limit=rate_limit)
         return starting.start_child(self, parent, workflow, input, run_id, options)
 
     def send(
@@ -467,8 +476,10 @@ class Engine:
         ``datetime``), with their tags and recorded steps, and the signals taken before
         it. ``statuses`` narrows the finished statuses purged (all three by default);
         active runs are never purged, nor runs below an active run (a parent, grandparent,
-        ... still active may read their outcomes again). With ``SCOPE_READS``, only this
-        engine's namespace. Examines ``batch_size`` runs per transaction."""
+        ... still active may read their outcomes again), nor runs finished within the
+        longest ``per`` of the rate limits declared on the engine's workflows (they may
+        still count in a window). With ``SCOPE_READS``, only this engine's namespace.
+        Examines ``batch_size`` runs per transaction."""
         return purge(self, older_than, statuses, batch_size)
 
     # reading ------------------------------------------------------------------------

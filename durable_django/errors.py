@@ -87,6 +87,42 @@ class ConcurrencyLimitError(DurableError):
         )
 
 
+class RateLimitError(ConcurrencyLimitError):
+    """A start was refused because its rate limit key already holds ``limit`` units
+    started in the last ``per`` seconds (``active`` of them).
+
+    Nothing was created. ``retry_after`` is exact, read from the runs in the window: the
+    seconds until enough of the window's oldest units leave it for this start to fit (a
+    start made then is admitted, unless others came first; one made earlier is
+    refused). A limit no start can fit (``limit <= 0``, or below the start's weight)
+    says ``per``. Catching :class:`ConcurrencyLimitError` catches this too.
+    """
+
+    def __init__(
+        self,
+        workflow: str,
+        key: str,
+        limit: int,
+        active: int,
+        per: float,
+        retry_after: float,
+    ) -> None:
+        super().__init__(workflow, key, limit, active)
+        self.per = float(per)
+        self.retry_after = float(retry_after)
+        self.args = (
+            f"workflow {workflow!r} refused: rate limit key {key!r} has {active} unit(s) "
+            f"started in the last {self.per:g} s, limit is {limit}; retry after "
+            f"{self.retry_after:g} s",
+        )
+
+    def __reduce__(self) -> Any:
+        return (
+            type(self),
+            (self.workflow, self.key, self.limit, self.active, self.per, self.retry_after),
+        )
+
+
 class UnstorableValueError(DurableError, TypeError, ValueError):
     """A value the store cannot hold: not JSON, or text with a NUL character or a lone
     surrogate, or JSON nested too deep or too large (see :mod:`durable_django._core.limits`).

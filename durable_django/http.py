@@ -18,7 +18,7 @@ from ._rules.tickets import HEADER as TICKET_HEADER
 from ._rules.tickets import presenting
 from ._runtime.estimates import HISTORY
 from .engines import default_engine
-from .errors import ConcurrencyLimitError, RunNotFound
+from .errors import ConcurrencyLimitError, RateLimitError, RunNotFound
 from .status import TERMINAL_STATUSES
 from .stores.base import RunRecord
 
@@ -32,7 +32,8 @@ def too_many_requests(error: ConcurrencyLimitError) -> JsonResponse:
 
     The body is ``{"message", "key", "limit", "active", "retry_after"}`` and the
     ``Retry-After`` header the same seconds, rounded up to a whole number: the error's
-    ``retry_after``, estimated from the key's history. When the error has no estimate
+    ``retry_after``, estimated from the key's history (a rate limit's is exact, and
+    ``RETRY_AFTER`` never replaces it). When the error has no estimate
     from history (the key has none yet, or it could not be read), ``RETRY_AFTER`` of
     ``settings.DURABLE_HTTP_429`` is used when set. The message is its ``MESSAGE``.
 
@@ -63,8 +64,11 @@ def too_many_requests(error: ConcurrencyLimitError) -> JsonResponse:
 
 def retry_after_seconds(error: ConcurrencyLimitError, options: dict[str, Any]) -> int:
     """Whole seconds to wait (at least 1): the error's estimate rounded up, or the
-    configured ``RETRY_AFTER`` when the estimate has no history behind it."""
+    configured ``RETRY_AFTER`` when the estimate has no history behind it; a rate limit's
+    exact ``retry_after`` rounded up."""
     estimate = getattr(error, "estimate", None)
+    if isinstance(error, RateLimitError):
+        return max(1, math.ceil(error.retry_after))
     if "RETRY_AFTER" in options and getattr(estimate, "basis", None) != HISTORY:
         return max(1, math.ceil(float(options["RETRY_AFTER"])))
     return max(1, math.ceil(error.retry_after))

@@ -239,6 +239,11 @@ class RunTag(models.Model):
         db_default=1,
         help_text="The units of its quota the run occupies (1 for a tag of no quota).",
     )
+    created_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Copy of the run's creation time, on a rate limit's tag only.",
+    )
 
     objects = RunTagQuerySet.as_manager()
 
@@ -251,6 +256,9 @@ class RunTag(models.Model):
         ]
         indexes = [
             models.Index(fields=["tag", "status", "namespace"], name="durable_tag_count_idx"),
+            # A rate limit's window: the sum of its key's weights created after a time
+            # reads only the window's entries, never the key's older history.
+            models.Index(fields=["tag", "created_at", "weight"], name="durable_tag_window_idx"),
         ]
 
     def __str__(self) -> str:

@@ -60,6 +60,9 @@ MAX_INTERVAL = 2**31 - 1
 #: A run started under quota key ``K`` carries the tag ``concurrency:K``.
 TAG_PREFIX = "concurrency:"
 
+#: A run started under rate limit key ``K`` carries the tag ``rate:K``.
+RATE_TAG_PREFIX = "rate:"
+
 #: The names of the steps recording a signal and a child start: the prefix, then the
 #: signal's token or the child's workflow name.
 SIGNAL_STEP_PREFIX = "durable.signal:"

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .limits import RATE_TAG_PREFIX
+
 
 @dataclass(frozen=True, slots=True)
 class NewRun:
@@ -28,6 +30,11 @@ class NewRun:
     parent_id: str | None = None
     attempt: int = 1
     weights: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rate_tags(self) -> frozenset[str]:
+        """Its rate limits' tags (``rate:<key>``), which keep the run's creation time."""
+        return frozenset(tag for tag in self.tags if tag.startswith(RATE_TAG_PREFIX))
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,34 +17,47 @@ the reference.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import ConcurrencyLimitError
+from ..errors import ConcurrencyLimitError, RateLimitError
 from .concurrency import Quota
 
 if TYPE_CHECKING:
     from .tickets import Line
 
-__all__ = ["Refusal", "decide", "refused_by"]
+__all__ = ["Refusal", "decide", "rate_retry_after", "refused_by", "window_start"]
 
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """The quota that turned a start away: its position among the start's quotas
     (``index``, from 0), the key's ``active`` units, the units ``held`` for older fair
-    tickets, and, under a fair quota, the ``line`` the decision saw."""
+    tickets, and, under a fair quota, the ``line`` the decision saw; a rate limit's
+    refusal carries its exact ``retry_after`` (:func:`rate_retry_after`)."""
 
     index: int
     quota: Quota
     active: int
     held: int = 0
     line: Line | None = None
+    retry_after: float | None = None
 
     def error(self, workflow: str) -> ConcurrencyLimitError:
         """The refusal raised (or returned in a batch's place) for a start of
-        ``workflow``: the one place a quota's :class:`ConcurrencyLimitError` is built."""
+        ``workflow``: the one place a quota's :class:`ConcurrencyLimitError` (a rate
+        limit's :class:`RateLimitError`) is built."""
+        if self.quota.per is not None:
+            return RateLimitError(
+                workflow,
+                self.quota.key,
+                self.quota.limit,
+                self.active,
+                self.quota.per,
+                self.quota.per if self.retry_after is None else self.retry_after,
+            )
         error = ConcurrencyLimitError(
             workflow, self.quota.key, self.quota.limit, self.active, held=self.held
         )
@@ -74,3 +87,35 @@ def refused_by(quotas: Sequence[Quota], position: int, active: int) -> Refusal:
     ``position`` among ``quotas`` (from 1, as SQL counts) and the key's ``active``
     units."""
     return Refusal(position - 1, quotas[position - 1], int(active))
+
+
+def window_start(quota: Quota, now: datetime.datetime) -> datetime.datetime:
+    """The start of a rate limit's window at ``now``: its key's runs created after it
+    (strictly) count."""
+    assert quota.per is not None
+    return now - datetime.timedelta(seconds=quota.per)
+
+
+def rate_retry_after(
+    quota: Quota,
+    window: Sequence[tuple[datetime.datetime, int]],
+    now: datetime.datetime,
+) -> float:
+    """The seconds from ``now`` until a start refused by rate limit ``quota`` fits: the
+    first moment enough of the ``window``'s units (its key's runs created after
+    :func:`window_start`, as ``(created_at, weight)``, oldest first) have left it for
+    the rest and the start's weight to be within the limit. A run created at ``c``
+    leaves the window at ``c + per`` exactly. ``per`` when no start can ever fit."""
+    assert quota.per is not None
+    if quota.weight > quota.limit:
+        return quota.per
+    excess = sum(weight for _, weight in window) + quota.weight - quota.limit
+    if excess <= 0:
+        return 0.0
+    gone = 0
+    for created_at, weight in sorted(window, key=lambda row: row[0]):
+        gone += weight
+        if gone >= excess:
+            leaves = created_at + datetime.timedelta(seconds=quota.per)
+            return max((leaves - now).total_seconds(), 0.0)
+    return quota.per  # not reached: the window holds the excess

@@ -20,7 +20,7 @@ from typing import Any, TypeVar, Union
 from asgiref.sync import async_to_sync, sync_to_async
 
 from .._core.lifecycle import ACTIVE_STATUSES, ALL_STATUSES, TERMINAL_STATUSES
-from .._core.limits import MAX_LIMIT, MIN_LIMIT, TAG_PREFIX, text_lengths
+from .._core.limits import MAX_LIMIT, MIN_LIMIT, RATE_TAG_PREFIX, TAG_PREFIX, text_lengths
 from .._core.serialization import validate_text
 from .._core.user_code import user_failure
 
@@ -49,6 +49,11 @@ MAX_FAIR_WINDOW = 3600.0
 def quota_tag(key: str) -> str:
     """The tag a run started under quota ``key`` carries."""
     return TAG_PREFIX + key
+
+
+def rate_tag(key: str) -> str:
+    """The tag a run started under rate limit ``key`` carries."""
+    return RATE_TAG_PREFIX + key
 
 
 class Concurrency:
@@ -143,17 +148,206 @@ class Concurrency:
         return (self.key, self.limit, self.count_statuses, self.weight, self.fair, self.fair_window)
 
 
+#: The longest rate limit window, in seconds (a year of 366 days).
+MAX_RATE_PER = 366 * 24 * 3600.0
+
+_RATE_OPTION_NAMES = frozenset({"key", "limit", "per", "weight"})
+
+
+class RateLimit:
+    """A rate limit on starting runs: at most ``limit`` units started per key in any
+    ``per`` seconds (a sliding window over the runs' creation times, whatever became of
+    the runs since).
+
+    ``key``: on a workflow, a callable ``(input) -> str | None`` (``None`` leaves that
+    start unlimited); per start, a plain ``str``.
+    ``limit``: an ``int`` (``<= 0`` refuses every start), or on a workflow a callable
+    ``(key) -> int``, sync or ``async def``.
+    ``per``: the window, seconds (a number) or a ``timedelta``, more than 0 and at most
+    :data:`MAX_RATE_PER`.
+    ``weight``: the units a start takes from the window, an ``int >= 1`` (default 1), or
+    on a workflow a callable ``(input) -> int``.
+    """
+
+    __slots__ = ("key", "limit", "per", "weight")
+
+    key: KeyFunction | str
+    limit: int | LimitFunction
+    per: float
+    weight: int | WeightFunction
+
+    def __init__(
+        self,
+        key: KeyFunction | str,
+        limit: int | LimitFunction,
+        per: float | datetime.timedelta,
+        weight: int | WeightFunction = 1,
+    ) -> None:
+        if not (callable(key) or isinstance(key, str)):
+            raise TypeError(
+                f"RateLimit key must be a callable (input) -> str | None or a str, "
+                f"not {type(key).__name__}"
+            )
+        if isinstance(key, str):
+            validate_key(key, "rate limit key")
+        if isinstance(limit, bool) or not (isinstance(limit, int) or callable(limit)):
+            raise TypeError(
+                f"RateLimit limit must be an int or a callable (key) -> int, "
+                f"not {type(limit).__name__} {limit!r}"
+            )
+        if isinstance(limit, int):
+            _check_range(limit, "RateLimit limit")
+        if isinstance(weight, bool) or not (isinstance(weight, int) or callable(weight)):
+            raise TypeError(
+                f"RateLimit weight must be an int or a callable (input) -> int, "
+                f"not {type(weight).__name__} {weight!r}"
+            )
+        if isinstance(weight, int):
+            check_weight(weight, "RateLimit weight")
+            if isinstance(limit, int) and 0 < limit < weight:
+                raise ValueError(
+                    f"RateLimit weight {weight} is more than its limit {limit}: "
+                    f"no start could ever be admitted"
+                )
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "limit", limit)
+        object.__setattr__(self, "per", _check_per(per))
+        object.__setattr__(self, "weight", weight)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("RateLimit is immutable")
+
+    def __repr__(self) -> str:
+        weight = "" if self.weight == 1 else f", weight={self.weight!r}"
+        return f"RateLimit(key={self.key!r}, limit={self.limit!r}, per={self.per!r}{weight})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RateLimit):
+            return NotImplemented
+        return self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
+
+    def _identity(self) -> tuple[Any, ...]:
+        return (self.key, self.limit, self.per, self.weight)
+
+
+#: What ``rate_limit=`` takes: one rate limit (a ``RateLimit`` or a dict with its keys), a
+#: list of them, or ``None``.
+RateLimitOption = Union[
+    "RateLimit", Mapping[str, Any], Sequence[Union["RateLimit", Mapping[str, Any]]], None
+]
+
+
+def _check_per(per: object) -> float:
+    """``per`` in seconds if it is a usable rate limit window."""
+    if isinstance(per, datetime.timedelta):
+        per = per.total_seconds()
+    if isinstance(per, bool) or not isinstance(per, int | float):
+        raise TypeError(
+            f"RateLimit per must be seconds (a number) or a timedelta, "
+            f"not {type(per).__name__} {per!r}"
+        )
+    if not 0 < per <= MAX_RATE_PER:
+        raise ValueError(
+            f"RateLimit per must be more than 0 and at most {MAX_RATE_PER:g} seconds, not {per!r}"
+        )
+    return float(per)
+
+
+def _coerce_rate(option: object, where: str) -> RateLimit:
+    if isinstance(option, RateLimit):
+        return option
+    if isinstance(option, Mapping):
+        unknown = set(option) - _RATE_OPTION_NAMES
+        if unknown:
+            raise ValueError(
+                f"unknown rate limit option(s) {sorted(unknown)}; "
+                f"expected {sorted(_RATE_OPTION_NAMES)}"
+            )
+        missing = {"key", "limit", "per"} - set(option)
+        if missing:
+            raise ValueError(f"rate limit option(s) {sorted(missing)} missing")
+        return RateLimit(**option)
+    raise TypeError(
+        f"{where} must be a RateLimit, a dict, a list of them or None, not {type(option).__name__}"
+    )
+
+
+def coerce_rates(option: RateLimitOption) -> tuple[RateLimit, ...]:
+    """Turn ``rate_limit=`` (one rate limit, a list of them, or ``None``) into a tuple of
+    RateLimit, in the order given."""
+    if option is None:
+        return ()
+    if isinstance(option, list | tuple):
+        return tuple(
+            _coerce_rate(item, f"rate_limit[{position}]") for position, item in enumerate(option)
+        )
+    return (_coerce_rate(option, "rate_limit"),)
+
+
+def rates_for_workflow(option: RateLimitOption, workflow: str) -> tuple[RateLimit, ...]:
+    """Validate a workflow's declared rate limits: each key must be a callable of the
+    input."""
+    rates = coerce_rates(option)
+    for rate in rates:
+        if not callable(rate.key):
+            raise TypeError(
+                f"workflow {workflow!r}: the rate limit key on a workflow must be a callable "
+                f"(input) -> str | None, not {type(rate.key).__name__}; "
+                f"pass a plain str key per start instead"
+            )
+    return rates
+
+
+def rates_for_start(option: RateLimitOption) -> tuple[RateLimit, ...]:
+    """Validate per-start rate limits: each with a str key, an int limit and an int
+    weight. An empty list is refused: ``None`` is how a start takes the workflow's."""
+    rates = coerce_rates(option)
+    if option is not None and not rates:
+        raise ValueError(
+            "a per-start rate_limit list must hold at least one rate limit; "
+            "pass rate_limit=None for the workflow's own"
+        )
+    for rate in rates:
+        for name in ("key", "limit", "weight"):
+            value = getattr(rate, name)
+            wanted = str if name == "key" else int
+            if not isinstance(value, wanted):
+                raise TypeError(
+                    f"a per-start rate limit {name} must be a{'' if name == 'key' else 'n'} "
+                    f"{wanted.__name__}, not {type(value).__name__}"
+                )
+    return rates
+
+
+#: A limit of either kind, as a workflow declares it or a start passes it.
+Limit = Concurrency | RateLimit
+
+
 @dataclass(frozen=True, slots=True)
 class Quota:
     """A quota resolved for one start: one key, one limit, the statuses counted, the
     units of the limit the run occupies (``weight``), and, for a fair quota, the seconds
-    a freed slot is held for the oldest ticket (``fair_window``; ``None``: not fair)."""
+    a freed slot is held for the oldest ticket (``fair_window``; ``None``: not fair).
+
+    A rate limit resolved for one start is a Quota too, with ``per`` (its window, in
+    seconds; ``None`` for a concurrency quota): it counts the units of the runs started
+    under its key in the last ``per`` seconds, whatever their status
+    (``count_statuses`` is empty)."""
 
     key: str
     limit: int
     count_statuses: tuple[str, ...]
     weight: int = 1
     fair_window: float | None = None
+    per: float | None = None
+
+    @property
+    def rate(self) -> bool:
+        """Whether this is a rate limit (it has a window, ``per``)."""
+        return self.per is not None
 
     @property
     def fair(self) -> bool:
@@ -162,8 +356,9 @@ class Quota:
 
     @property
     def tag(self) -> str:
-        """The tag runs started under this quota carry: ``concurrency:<key>``."""
-        return quota_tag(self.key)
+        """The tag runs started under this quota carry: ``concurrency:<key>``, or
+        ``rate:<key>`` for a rate limit."""
+        return quota_tag(self.key) if self.per is None else rate_tag(self.key)
 
 
 def validate_key(key: object, what: str = "concurrency key") -> str:
@@ -312,67 +507,75 @@ def for_start(option: ConcurrencyOption) -> tuple[Concurrency, ...]:
     return concurrencies
 
 
-def _resolve_key(concurrency: Concurrency, input: Any, workflow: str) -> str | None:
+def _kind(limit: Limit) -> str:
+    """How messages name ``limit``'s kind."""
+    return "rate limit" if isinstance(limit, RateLimit) else "concurrency"
+
+
+def _resolve_key(concurrency: Limit, input: Any, workflow: str) -> str | None:
     if isinstance(concurrency.key, str):
         return concurrency.key
+    kind = _kind(concurrency)
     try:
         key = concurrency.key(input)
     except BaseException as error:
         if not user_failure(error):
             raise
         raise ValueError(
-            f"workflow {workflow!r}: the concurrency key function raised "
-            f"{type(error).__name__}: {error}"
+            f"workflow {workflow!r}: the {kind} key function raised {type(error).__name__}: {error}"
         ) from error
     if key is None:
         return None
     if not isinstance(key, str):
         raise TypeError(
-            f"workflow {workflow!r}: the concurrency key function must return a str or None, "
+            f"workflow {workflow!r}: the {kind} key function must return a str or None, "
             f"not {type(key).__name__} {key!r}"
         )
-    return validate_key(key, f"workflow {workflow!r}: concurrency key")
+    return validate_key(key, f"workflow {workflow!r}: {kind} key")
 
 
-def _resolve_weight(concurrency: Concurrency, input: Any, workflow: str, key: str) -> int:
+def _resolve_weight(concurrency: Limit, input: Any, workflow: str, key: str) -> int:
     weight: object = concurrency.weight
     if isinstance(weight, int):
         return weight  # checked when the Concurrency was made
     assert callable(concurrency.weight)
+    kind = _kind(concurrency)
     try:
         weight = concurrency.weight(input)
     except BaseException as error:
         if not user_failure(error):
             raise
         raise ValueError(
-            f"workflow {workflow!r}: the concurrency weight function raised "
+            f"workflow {workflow!r}: the {kind} weight function raised "
             f"{type(error).__name__} for key {key!r}: {error}"
         ) from error
     if isinstance(weight, bool) or not isinstance(weight, int):
         raise TypeError(
-            f"workflow {workflow!r}: the concurrency weight for key {key!r} must be an int, "
+            f"workflow {workflow!r}: the {kind} weight for key {key!r} must be an int, "
             f"not {type(weight).__name__} {weight!r}"
         )
-    return check_weight(weight, f"workflow {workflow!r}: the concurrency weight for key {key!r}")
+    return check_weight(weight, f"workflow {workflow!r}: the {kind} weight for key {key!r}")
 
 
-def _check_limit(limit: object, workflow: str, key: str) -> int:
+def _check_limit(limit: object, workflow: str, key: str, kind: str = "concurrency") -> int:
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise TypeError(
-            f"workflow {workflow!r}: the concurrency limit for key {key!r} must be an int, "
+            f"workflow {workflow!r}: the {kind} limit for key {key!r} must be an int, "
             f"not {type(limit).__name__} {limit!r}"
         )
-    return _check_range(limit, f"workflow {workflow!r}: the concurrency limit for key {key!r}")
+    return _check_range(limit, f"workflow {workflow!r}: the {kind} limit for key {key!r}")
 
 
-def _call_limit(function: LimitFunction, key: str, workflow: str) -> int | Awaitable[int]:
+def _call_limit(
+    function: LimitFunction, key: str, workflow: str, kind: str = "concurrency"
+) -> int | Awaitable[int]:
     try:
         return function(key)
     except BaseException as error:
         if not user_failure(error):
             raise
         raise ValueError(
-            f"workflow {workflow!r}: the concurrency limit function raised "
+            f"workflow {workflow!r}: the {kind} limit function raised "
             f"{type(error).__name__} for key {key!r}: {error}"
         ) from error
 
@@ -381,101 +584,112 @@ async def _awaited(awaitable: Awaitable[_T]) -> _T:
     return await awaitable
 
 
-def _window(concurrency: Concurrency) -> float | None:
-    return concurrency.fair_window if concurrency.fair else None
+def _window(concurrency: Limit) -> float | None:
+    return (
+        concurrency.fair_window
+        if isinstance(concurrency, Concurrency) and concurrency.fair
+        else None
+    )
 
 
-def limit_for(concurrency: Concurrency, key: str, workflow: str) -> int:
+def _quota(concurrency: Limit, key: str, limit: int, input: Any, workflow: str) -> Quota:
+    """``concurrency`` resolved for one start, its key and limit known."""
+    weight = _resolve_weight(concurrency, input, workflow, key)
+    if isinstance(concurrency, RateLimit):
+        return Quota(key, limit, (), weight, None, concurrency.per)
+    return Quota(key, limit, concurrency.count_statuses, weight, _window(concurrency))
+
+
+def limit_for(concurrency: Limit, key: str, workflow: str) -> int:
     """The limit for ``key``: the int, or the limit function's answer (an async one is
     run through ``async_to_sync``). A bad answer raises naming the workflow and key."""
     function = concurrency.limit
     if not callable(function):
         return function  # checked when the Concurrency was made
-    limit = _call_limit(function, key, workflow)
+    kind = _kind(concurrency)
+    limit = _call_limit(function, key, workflow, kind)
     if inspect.isawaitable(limit):
         limit = async_to_sync(_awaited)(limit)
-    return _check_limit(limit, workflow, key)
+    return _check_limit(limit, workflow, key, kind)
 
 
 def merge(quotas: Iterable[Quota]) -> tuple[Quota, ...]:
-    """The quotas of one start, one per key, in the order each key first appears.
+    """The quotas of one start, one per key (per key and window for rate limits), in the
+    order each first appears.
 
     Two quotas naming the same key are merged into one that admits a start only when
     both would: the smaller limit, the statuses of both counted, and the weights summed
     (the run holds one tag on the key, weighing what both quotas take from it); fair when
-    either is, with the shorter window."""
+    either is, with the shorter window. Two rate limits of one key and one window merge
+    the same way; rate limits of one key with different windows stay apart (each counts
+    the key's one tag in its own window), and must then weigh the same."""
     quotas = tuple(quotas)
     if len(quotas) < 2:
         return quotas
-    by_key: dict[str, Quota] = {}
+    by_key: dict[tuple[str, float | None], Quota] = {}
     for quota in quotas:
-        seen = by_key.get(quota.key)
+        seen = by_key.get((quota.key, quota.per))
         if seen is None:
-            by_key[quota.key] = quota
+            by_key[(quota.key, quota.per)] = quota
             continue
         weight = seen.weight + quota.weight
         if weight > MAX_LIMIT:
             raise ValueError(
-                f"the concurrency weights for key {quota.key!r} add up to {weight}, "
-                f"more than {MAX_LIMIT}"
+                f"the {'rate limit' if quota.rate else 'concurrency'} weights for key "
+                f"{quota.key!r} add up to {weight}, more than {MAX_LIMIT}"
             )
         windows = [q.fair_window for q in (seen, quota) if q.fair_window is not None]
-        by_key[quota.key] = Quota(
+        by_key[(quota.key, quota.per)] = Quota(
             quota.key,
             min(seen.limit, quota.limit),
             tuple(dict.fromkeys((*seen.count_statuses, *quota.count_statuses))),
             weight,
             min(windows) if windows else None,
+            quota.per,
         )
-    return tuple(by_key.values())
+    merged = tuple(by_key.values())
+    weights: dict[str, int] = {}
+    for quota in merged:
+        if quota.rate and weights.setdefault(quota.key, quota.weight) != quota.weight:
+            raise ValueError(
+                f"the rate limits of key {quota.key!r} weigh {weights[quota.key]} and "
+                f"{quota.weight}: rate limits of one key must weigh the same"
+            )
+    return merged
 
 
-def resolve(concurrencies: Iterable[Concurrency], input: Any, workflow: str) -> tuple[Quota, ...]:
-    """Resolve the quotas of one start, in their order (a key function answering ``None``
-    drops its quota; duplicate keys are merged, see :func:`merge`), calling an async limit
-    function through async_to_sync. An empty tuple: the start is unlimited."""
+def resolve(concurrencies: Iterable[Limit], input: Any, workflow: str) -> tuple[Quota, ...]:
+    """Resolve the quotas (and rate limits) of one start, in their order (a key function
+    answering ``None`` drops its quota; duplicate keys are merged, see :func:`merge`),
+    calling an async limit function through async_to_sync. An empty tuple: the start
+    is unlimited."""
     resolved = []
     for concurrency in concurrencies:
         key = _resolve_key(concurrency, input, workflow)
         if key is None:
             continue
-        resolved.append(
-            Quota(
-                key,
-                limit_for(concurrency, key, workflow),
-                concurrency.count_statuses,
-                _resolve_weight(concurrency, input, workflow, key),
-                _window(concurrency),
-            )
-        )
+        limit = limit_for(concurrency, key, workflow)
+        resolved.append(_quota(concurrency, key, limit, input, workflow))
     return merge(resolved)
 
 
-async def aresolve(
-    concurrencies: Iterable[Concurrency], input: Any, workflow: str
-) -> tuple[Quota, ...]:
+async def aresolve(concurrencies: Iterable[Limit], input: Any, workflow: str) -> tuple[Quota, ...]:
     """:func:`resolve` from async code (a sync limit function runs in a thread)."""
     resolved = []
     for concurrency in concurrencies:
         key = _resolve_key(concurrency, input, workflow)
         if key is None:
             continue
+        kind = _kind(concurrency)
         function = concurrency.limit
         limit: object = function
         if callable(function):
             if inspect.iscoroutinefunction(function):
-                limit = _call_limit(function, key, workflow)
+                limit = _call_limit(function, key, workflow, kind)
             else:  # a sync limit function may query the database: keep it off the event loop
-                limit = await sync_to_async(_call_limit)(function, key, workflow)
+                limit = await sync_to_async(_call_limit)(function, key, workflow, kind)
             if inspect.isawaitable(limit):
                 limit = await limit
-        resolved.append(
-            Quota(
-                key,
-                _check_limit(limit, workflow, key),
-                concurrency.count_statuses,
-                _resolve_weight(concurrency, input, workflow, key),
-                _window(concurrency),
-            )
-        )
+        checked = _check_limit(limit, workflow, key, kind)
+        resolved.append(_quota(concurrency, key, checked, input, workflow))
     return merge(resolved)

@@ -7,10 +7,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .._core.limits import TAG_PREFIX, text_lengths
+from .._core.limits import RATE_TAG_PREFIX, TAG_PREFIX, text_lengths
 from .._core.serialization import validate_text
 from ..errors import UnstorableValueError, WorkflowNotFound
-from .concurrency import Concurrency, ConcurrencyOption, for_workflow
+from .concurrency import (
+    Concurrency,
+    ConcurrencyOption,
+    RateLimit,
+    RateLimitOption,
+    for_workflow,
+    rates_for_workflow,
+)
 from .windows import ScheduleSpec
 
 WorkflowBody = Callable[[Any, Any], Any]
@@ -32,6 +39,8 @@ class WorkflowDefinition:
     #: The quotas every start must pass, in their declared order (empty: unlimited).
     concurrency: tuple[Concurrency, ...] = ()
     tags: tuple[str, ...] = ()
+    #: The rate limits every start must pass, in their declared order (empty: none).
+    rate_limits: tuple[RateLimit, ...] = ()
     on_event: tuple[str, ...] = ()
     schedules: tuple[ScheduleSpec, ...] = ()
     #: The priority of its run messages (Celery's, 0-9); ``None``: the route's.
@@ -55,6 +64,12 @@ def validate_tags(tags: Iterable[str]) -> tuple[str, ...]:
             f"tags starting with {TAG_PREFIX!r} are reserved for quotas: {reserved}; "
             f"use the concurrency option instead"
         )
+    reserved = [tag for tag in checked if tag.startswith(RATE_TAG_PREFIX)]
+    if reserved:
+        raise ValueError(
+            f"tags starting with {RATE_TAG_PREFIX!r} are reserved for rate limits: "
+            f"{reserved}; use the rate_limit option instead"
+        )
     return checked
 
 
@@ -70,6 +85,7 @@ def make_definition(
     on_event: Iterable[str] = (),
     schedule: Any = None,
     priority: int | None = None,
+    rate_limit: RateLimitOption = None,
 ) -> WorkflowDefinition:
     """Build a definition, refusing bad options with a clear error.
 
@@ -99,6 +115,7 @@ def make_definition(
         queue=queue,
         remote=remote,
         concurrency=for_workflow(concurrency, name),
+        rate_limits=rates_for_workflow(rate_limit, name),
         tags=validate_tags(tags),
         on_event=tuple(validate_text(e, "an event name") for e in on_event),
         schedules=_schedules(name, schedule),
@@ -198,6 +215,18 @@ def _same_registration(a: WorkflowDefinition, b: WorkflowDefinition) -> bool:
         and a.schedules == b.schedules
         and a.priority == b.priority
         and _same_concurrency(a.concurrency, b.concurrency)
+        and _same_rates(a.rate_limits, b.rate_limits)
+    )
+
+
+def _same_rates(a: tuple[RateLimit, ...], b: tuple[RateLimit, ...]) -> bool:
+    return len(a) == len(b) and all(
+        x.per == y.per
+        and all(
+            _same_callable(p, q)
+            for p, q in ((x.key, y.key), (x.limit, y.limit), (x.weight, y.weight))
+        )
+        for x, y in zip(a, b, strict=True)
     )
 
 

@@ -14,22 +14,27 @@ One task's quota is a dict:
 (imported when first used). Either callable takes the task's arguments, as the task
 function does (``report_key(*args, **kwargs)``), and returns the key, or ``None`` for an
 enqueue without a quota. ``limit`` is an ``int``; ``count_statuses`` as on any quota.
+
+One task's rate limit (``OPTIONS["rate_limit"]``) is a dict of the same form with ``per``
+(seconds) in place of ``count_statuses``: ``{"key": "reports", "limit": 60, "per": 60}``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from .._core.user_code import user_failure
-from .concurrency import DEFAULT_CONCURRENCY_STATUSES, Concurrency, validate_key
+from .concurrency import DEFAULT_CONCURRENCY_STATUSES, Concurrency, RateLimit, validate_key
 
 #: The keys one task's quota may have.
 OPTION_NAMES = frozenset({"key", "key_function", "limit", "count_statuses"})
+#: The keys one task's rate limit may have.
+RATE_OPTION_NAMES = frozenset({"key", "key_function", "limit", "per"})
 
 TaskKeyFunction = Callable[..., str | None]
 
@@ -44,6 +49,8 @@ class TaskQuota:
     key: str | None = None
     key_function: TaskKeyFunction | str | None = None
     count_statuses: tuple[str, ...] = DEFAULT_CONCURRENCY_STATUSES
+    #: A rate limit's window, in seconds; ``None`` for a concurrency quota.
+    per: float | None = None
 
     def function(self) -> TaskKeyFunction:
         """The key function, imported from its dotted path on first use."""
@@ -92,22 +99,26 @@ class TaskQuota:
                     f"None, not {type(found).__name__} {found!r}"
                 )
             key = validate_key(found, f"task {self.task!r}: concurrency key")
+        if self.per is not None:
+            return {"key": key, "limit": self.limit, "per": self.per}
         return {"key": key, "limit": self.limit, "count_statuses": list(self.count_statuses)}
 
 
-def task_quota(task: str, option: Any) -> TaskQuota:
-    """Check one task's quota option (see the module's docstring); raise ``TypeError`` or
-    ``ValueError`` saying what is wrong."""
+def task_quota(task: str, option: Any, rate: bool = False) -> TaskQuota:
+    """Check one task's quota option (its rate limit with ``rate``; see the module's
+    docstring); raise ``TypeError`` or ``ValueError`` saying what is wrong."""
+    kind = "rate_limit" if rate else "concurrency"
     if not isinstance(option, Mapping):
         raise TypeError(
-            f"a task's concurrency must be a dict with 'key' or 'key_function', and 'limit'; "
+            f"a task's {kind} must be a dict with 'key' or 'key_function', and 'limit'; "
             f"not {type(option).__name__}"
         )
-    unknown = set(option) - OPTION_NAMES
+    names = RATE_OPTION_NAMES if rate else OPTION_NAMES
+    unknown = set(option) - names
     if unknown:
-        raise ValueError(
-            f"unknown concurrency option(s) {sorted(unknown)}; expected {sorted(OPTION_NAMES)}"
-        )
+        raise ValueError(f"unknown {kind} option(s) {sorted(unknown)}; expected {sorted(names)}")
+    if rate and "per" not in option:
+        raise ValueError("'per' is missing")
     if ("key" in option) == ("key_function" in option):
         raise ValueError("give one of 'key' (a str or a callable) and 'key_function'")
     if "limit" not in option:
@@ -125,6 +136,13 @@ def task_quota(task: str, option: Any) -> TaskQuota:
         callable(function) or (isinstance(function, str) and "." in function)
     ):
         raise TypeError(f"'key_function' must be a callable or its dotted path, not {function!r}")
+    if rate:  # the checks every rate limit makes: the key's text, the limit, the window
+        checked_rate = RateLimit(
+            key if key is not None else (lambda input: None), limit, option["per"]
+        )
+        return TaskQuota(
+            task=task, limit=limit, key=key, key_function=function, per=checked_rate.per
+        )
     # The checks every quota makes: the key's text, the limit's range, the statuses.
     checked = Concurrency(
         key if key is not None else (lambda input: None),
@@ -140,9 +158,12 @@ def task_quota(task: str, option: Any) -> TaskQuota:
     )
 
 
-def task_quotas(option: Any, where: str = "concurrency") -> dict[str, TaskQuota]:
-    """Check the backend's ``concurrency`` option (named ``where`` in errors): the dotted
-    path of each task to its quota. An error names the bad entry."""
+def task_quotas(
+    option: Any, where: str = "concurrency", rate: bool = False
+) -> dict[str, TaskQuota]:
+    """Check the backend's ``concurrency`` option (``rate_limit`` with ``rate``; named
+    ``where`` in errors): the dotted path of each task to its quota. An error names the
+    bad entry."""
     if not isinstance(option, Mapping):
         raise TypeError(
             f"{where} must be a dict of task paths to quotas, not {type(option).__name__}"
@@ -155,7 +176,7 @@ def task_quotas(option: Any, where: str = "concurrency") -> dict[str, TaskQuota]
                 f"('myapp.tasks.send_report'), not {task!r}"
             )
         try:
-            quotas[task] = task_quota(task, spec)
+            quotas[task] = task_quota(task, spec, rate)
         except (TypeError, ValueError) as error:
             kind = ValueError if isinstance(error, ValueError) else TypeError
             raise kind(f"{where}[{task!r}]: {error}") from None
@@ -163,7 +184,7 @@ def task_quotas(option: Any, where: str = "concurrency") -> dict[str, TaskQuota]
 
 
 #: The keys of the backend's ``OPTIONS``.
-BACKEND_OPTION_NAMES = frozenset({"concurrency"})
+BACKEND_OPTION_NAMES = frozenset({"concurrency", "rate_limit"})
 #: Django's queue of a task that names none (``django.tasks.DEFAULT_TASK_QUEUE_NAME``).
 DEFAULT_QUEUE_NAME = "default"
 
@@ -175,6 +196,7 @@ class BackendSettings:
 
     queues: frozenset[str]
     quotas: dict[str, TaskQuota]
+    rate_limits: dict[str, TaskQuota] = field(default_factory=dict)
 
 
 def backend_settings(alias: str, params: Any) -> BackendSettings:
@@ -207,9 +229,12 @@ def backend_settings(alias: str, params: Any) -> BackendSettings:
         )
     try:
         quotas = task_quotas(options.get("concurrency", {}), f"{where}['OPTIONS']['concurrency']")
+        rates = task_quotas(
+            options.get("rate_limit", {}), f"{where}['OPTIONS']['rate_limit']", rate=True
+        )
     except (TypeError, ValueError) as error:
         raise ImproperlyConfigured(str(error)) from None
-    return BackendSettings(queues=frozenset(queues), quotas=quotas)
+    return BackendSettings(queues=frozenset(queues), quotas=quotas, rate_limits=rates)
 
 
 def celery_queue(queue_name: str) -> str:
@@ -223,6 +248,7 @@ __all__ = [
     "BACKEND_OPTION_NAMES",
     "DEFAULT_QUEUE_NAME",
     "OPTION_NAMES",
+    "RATE_OPTION_NAMES",
     "BackendSettings",
     "TaskQuota",
     "backend_settings",

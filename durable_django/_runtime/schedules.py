@@ -33,7 +33,7 @@ from .._rules.windows import (
     zone,
 )
 from ..db import connection_lost
-from ..errors import ConcurrencyLimitError, DurableError
+from ..errors import ConcurrencyLimitError, DurableError, RateLimitError
 from ..models import Schedule, column_errors
 from . import starting
 
@@ -230,7 +230,11 @@ def _start_window(
             handle = starting.start(engine, schedule.workflow, schedule.input, run_id, options)
     except ConcurrencyLimitError as error:
         message = (
-            f"window {window.isoformat()} skipped: concurrency key {error.key!r} has "
+            f"window {window.isoformat()} skipped: rate limit key {error.key!r} has "
+            f"{error.active} unit(s) started in the last {error.per:g} s, limit is "
+            f"{error.limit}"
+            if isinstance(error, RateLimitError)
+            else f"window {window.isoformat()} skipped: concurrency key {error.key!r} has "
             f"{error.active} active run(s), limit is {error.limit}"
         )
         Schedule.objects.filter(pk=schedule.pk).update(last_error=_storable(message))

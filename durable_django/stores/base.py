@@ -23,6 +23,7 @@ store runs against itself.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -35,7 +36,7 @@ from django.utils import timezone
 from .._core.lifecycle import TERMINAL_STATUSES
 from .._core.limits import TAG_PREFIX
 from .._core.records import NewRun, RunRecord, StartOutcome, StepRecord
-from .._rules.admission import Refusal, decide
+from .._rules.admission import Refusal, decide, rate_retry_after, window_start
 from .._rules.concurrency import Quota
 from .._rules.retention import active_ancestors
 from .._rules.tickets import KeptTicket, Line, Ticket, place_in_line
@@ -266,6 +267,33 @@ class BaseStore(abc.ABC):
             )
             for quota in quotas
         ]
+
+    def rate_units(
+        self, quotas: Sequence[Quota], now: datetime, namespace: str | None
+    ) -> list[int]:
+        """The units each rate limit's key started in its window at ``now``: the sum of
+        the weights of the runs carrying its tag created after
+        :func:`~durable_django._rules.admission.window_start`, whatever their status (in
+        ``namespace`` when given), one number per rate limit, in their order. The
+        default sums :meth:`rate_window`."""
+        return [
+            sum(weight for _, weight in self.rate_window(quota, now, namespace)) for quota in quotas
+        ]
+
+    def rate_window(
+        self, quota: Quota, now: datetime, namespace: str | None
+    ) -> list[tuple[datetime, int]]:
+        """The runs in rate limit ``quota``'s window at ``now`` (created after
+        :func:`~durable_django._rules.admission.window_start`, any status, in ``namespace`` when
+        given) as ``(created_at, weight)``, oldest first: what its exact ``retry_after``
+        is read from. The default reads a :meth:`list_runs` listing."""
+        since = window_start(quota, now)
+        rows = [
+            (run.created_at, run.weights.get(quota.tag, 1))
+            for run in self.list_runs(tag=quota.tag, namespace=namespace)
+            if run.created_at is not None and run.created_at > since
+        ]
+        return sorted(rows, key=lambda row: row[0])
 
     def existing_runs(self, run_ids: Collection[str]) -> dict[str, tuple[str, str]]:
         """The workflow and namespace of each run holding one of ``run_ids`` (ids no run
@@ -771,10 +799,41 @@ def decide_quotas(
     fair quota, its key's line (:meth:`BaseStore.ticket_line`). Writes nothing."""
     if not quotas:
         return QuotaDecision(None)
-    units = store.quota_units(quotas, read_namespace)
-    return decide_read(
+    if not any(quota.rate for quota in quotas):
+        units = store.quota_units(quotas, read_namespace)
+        return decide_read(
+            quotas,
+            units,
+            lambda key: store.ticket_line(key, read_namespace),
+            read_namespace,
+            ticket,
+        )
+    now = timezone.now()  # read under the keys' locks, before the run's creation time
+    units = read_units(store, quotas, now, read_namespace)
+    decision = decide_read(
         quotas, units, lambda key: store.ticket_line(key, read_namespace), read_namespace, ticket
     )
+    refusal = decision.refusal
+    if refusal is None or not refusal.quota.rate:
+        return decision
+    window = store.rate_window(refusal.quota, now, read_namespace)
+    refusal = dataclasses.replace(refusal, retry_after=rate_retry_after(refusal.quota, window, now))
+    return dataclasses.replace(decision, refusal=refusal)
+
+
+def read_units(
+    store: BaseStore, quotas: Sequence[Quota], now: datetime, read_namespace: str | None
+) -> list[int]:
+    """Each quota's units, in their order: a concurrency quota's from
+    :meth:`BaseStore.quota_units`, a rate limit's from :meth:`BaseStore.rate_units` in
+    its window at ``now``; one read of each kind."""
+    counted = [quota for quota in quotas if not quota.rate]
+    rates = [quota for quota in quotas if quota.rate]
+    by_kind = {
+        False: iter(store.quota_units(counted, read_namespace) if counted else []),
+        True: iter(store.rate_units(rates, now, read_namespace) if rates else []),
+    }
+    return [next(by_kind[quota.rate]) for quota in quotas]
 
 
 def decide_read(

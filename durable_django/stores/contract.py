@@ -27,7 +27,7 @@ from django.utils import timezone
 from .._core.records import NewRun, RunRecord, StartOutcome, StepRecord
 from .._rules.concurrency import DEFAULT_CONCURRENCY_STATUSES, Quota, quota_tag
 from .._rules.tickets import KeptTicket, issue
-from ..errors import ConcurrencyLimitError, DurableError
+from ..errors import ConcurrencyLimitError, DurableError, RateLimitError
 from ..status import TERMINAL_STATUSES, RunStatus
 from .base import BaseStore, StartRequest
 
@@ -66,6 +66,11 @@ def quota(
 ) -> Quota:
     """A quota on ``key``."""
     return Quota(key=key, limit=limit, count_statuses=statuses, weight=weight)
+
+
+def rate(key: str, limit: int, per: float = 60.0, weight: int = 1) -> Quota:
+    """A rate limit on ``key``: ``limit`` units per ``per`` seconds."""
+    return Quota(key=key, limit=limit, count_statuses=(), weight=weight, per=per)
 
 
 def start(
@@ -482,6 +487,61 @@ class StoreContract:
             start(store, new_run("run-5"), quota("closed", 0))
         assert (closed.value.limit, closed.value.active) == (0, 0)
         assert store.get_run("run-5") is None
+
+    # rate limits -------------------------------------------------------------------
+
+    def test_a_rate_limit_counts_the_units_started_in_its_window(self, store: BaseStore) -> None:
+        per_minute = rate("tokens:acme", 10, weight=4)
+        start(store, new_run("run-1"), per_minute)
+        start(store, new_run("run-2", "other.workflow"), per_minute)  # the key spans workflows
+        store.transition("run-1", RunStatus.values, RunStatus.COMPLETED)  # still counted
+        with pytest.raises(RateLimitError) as refused:
+            start(store, new_run("run-3"), per_minute)
+        error = refused.value
+        assert (error.key, error.limit, error.active, error.per) == ("tokens:acme", 10, 8, 60.0)
+        assert store.get_run("run-3") is None
+        created = [read(store, run_id).created_at for run_id in ("run-1", "run-2")]
+        # run-1 leaving the window makes room: exactly when it is a minute old.
+        assert created[0] is not None
+        now = timezone.now()
+        assert 0 < error.retry_after <= 60.0
+        assert abs(error.retry_after - (created[0] + 60 * SECOND - now).total_seconds()) < 5
+        assert store.rate_units([per_minute], now, None) == [8]
+        assert store.rate_units([per_minute], now + 120 * SECOND, None) == [0]
+        window = store.rate_window(per_minute, now, None)
+        assert [weight for _, weight in window] == [4, 4]
+        assert [at for at, _ in window] == sorted(created)  # type: ignore[type-var]
+        # A concurrency quota of the same key is a quota of its own.
+        assert start(store, new_run("run-4"), quota("tokens:acme", 1)).created
+
+    def test_a_rate_limit_and_a_quota_admit_all_or_nothing(self, store: BaseStore) -> None:
+        slot, window = quota("k", 1), rate("k", 1)
+        start(store, new_run("run-1"), [slot, window])
+        store.transition("run-1", RunStatus.values, RunStatus.COMPLETED)  # the slot frees
+        with pytest.raises(RateLimitError):
+            start(store, new_run("run-2"), [slot, window])
+        with pytest.raises(ConcurrencyLimitError):
+            start(store, new_run("run-3"), [quota("full", 0), rate("other", 1)])
+        assert store.get_run("run-2") is None and store.get_run("run-3") is None
+        assert store.rate_units([rate("other", 1)], timezone.now(), None) == [0]
+
+    def test_a_rate_limit_in_a_batch_counts_the_earlier_starts(self, store: BaseStore) -> None:
+        window = rate("k", 2)
+        outcomes = batch(store, *[(new_run(f"run-{n}"), window) for n in range(3)])
+        assert [isinstance(outcome, RateLimitError) for outcome in outcomes] == [
+            False,
+            False,
+            True,
+        ]
+
+    def test_a_rate_limit_counts_every_namespace_unless_reads_are_fenced(
+        self, store: BaseStore
+    ) -> None:
+        window = rate("k", 1)
+        start(store, new_run("run-1", namespace="blue"), window)
+        with pytest.raises(RateLimitError):
+            start(store, new_run("run-2", namespace="green"), window)
+        assert start(store, new_run("run-3", namespace="green"), window, read_namespace="green")
 
     def test_only_the_quotas_statuses_hold_a_slot(self, store: BaseStore) -> None:
         pending_only = quota("k", 1, (RunStatus.PENDING,))

@@ -37,7 +37,7 @@ from ..._core.limits import CHILD_STEP_PREFIX, SIGNAL_STEP_PREFIX, text_lengths
 from ..._core.records import RunRecord, StepRecord
 from ..._core.serialization import json_copy, validate_text
 from ..._core.user_code import user_failure
-from ..._rules.concurrency import ConcurrencyOption
+from ..._rules.concurrency import ConcurrencyOption, RateLimitOption
 from ...db import close_dropped_connections, one_line
 from ...errors import (
     ChildWorkflowError,
@@ -466,14 +466,15 @@ class Context:
         *,
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
+        rate_limit: RateLimitOption = None,
     ) -> str:
         """Start a child run and go on; returns its run id.
 
         ``child_id`` defaults to one made from this run's id and the call's position.
-        ``concurrency=`` and ``tags=`` work as on any start. A start refused by the
+        ``concurrency=``, ``rate_limit=`` and ``tags=`` work as on any start. A start refused by the
         child's quota raises :class:`ChildWorkflowError` (``cause``: the refusal).
         """
-        return self._start_child(workflow, input, child_id, concurrency, tags)[0]
+        return self._start_child(workflow, input, child_id, concurrency, tags, rate_limit)[0]
 
     def start_child_handle(
         self,
@@ -483,9 +484,12 @@ class Context:
         *,
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
+        rate_limit: RateLimitOption = None,
     ) -> RunHandle:
         """``start_child``, returning the child's handle (``Wf.dispatch`` in a body)."""
-        run_id, created = self._start_child(workflow, input, child_id, concurrency, tags)
+        run_id, created = self._start_child(
+            workflow, input, child_id, concurrency, tags, rate_limit
+        )
         return RunHandle(self.engine, run_id, self.engine.definition(workflow).name, created)
 
     def child(
@@ -496,6 +500,7 @@ class Context:
         *,
         concurrency: ConcurrencyOption = None,
         tags: Iterable[str] = (),
+        rate_limit: RateLimitOption = None,
     ) -> Any:
         """Start a child run, suspend until it settles, and return its output.
 
@@ -503,7 +508,7 @@ class Context:
         its start was refused by its quota (``cause`` is the ``ConcurrencyLimitError``),
         or when the child was deleted before this run read its outcome.
         """
-        run_id, _ = self._start_child(workflow, input, child_id, concurrency, tags)
+        run_id, _ = self._start_child(workflow, input, child_id, concurrency, tags, rate_limit)
         with _reaching(self.engine.store):
             child = self.engine.store.get_run(run_id)
         if child is None:
@@ -531,6 +536,7 @@ class Context:
         child_id: str | None,
         concurrency: ConcurrencyOption,
         tags: Iterable[str],
+        rate_limit: RateLimitOption = None,
     ) -> tuple[str, bool]:
         definition = self.engine.definition(workflow)
         name = CHILD_STEP_PREFIX + definition.name
@@ -540,7 +546,13 @@ class Context:
             try:
                 with _reaching(self.engine.store):
                     handle = self.engine.start_child(
-                        self.run, definition, input, run_id, concurrency=concurrency, tags=tags
+                        self.run,
+                        definition,
+                        input,
+                        run_id,
+                        concurrency=concurrency,
+                        tags=tags,
+                        rate_limit=rate_limit,
                     )
                     if not handle.created:
                         _check_own_child(self, run_id)

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..._core.limits import MAX_ERROR_MESSAGE, MAX_ERROR_TRACEBACK
 from ..._core.serialization import storable_text
-from ...errors import ConcurrencyLimitError, UnstorableValueError
+from ...errors import ConcurrencyLimitError, RateLimitError, UnstorableValueError
 
 
 def error_payload(error: BaseException) -> dict[str, Any]:
@@ -50,12 +50,22 @@ def refusal_payload(error: ConcurrencyLimitError) -> dict[str, Any]:
         "limit": error.limit,
         "active": error.active,
         "retry_after": error.retry_after,
+        **({"per": error.per} if isinstance(error, RateLimitError) else {}),
     }
 
 
 def refusal_from(payload: dict[str, Any]) -> ConcurrencyLimitError:
     """The refusal a :func:`refusal_payload` recorded, raised again on a replay."""
     # retry_after is recorded so that every replay sees the same; older records lack it.
+    if "per" in payload:
+        return RateLimitError(
+            payload["workflow"],
+            payload["key"],
+            payload["limit"],
+            payload["active"],
+            payload["per"],
+            payload["retry_after"],
+        )
     return ConcurrencyLimitError(
         payload["workflow"],
         payload["key"],

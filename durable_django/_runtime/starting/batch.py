@@ -15,7 +15,7 @@ from ..._core.serialization import json_copy, validate_text
 from ..._rules import concurrency as quotas
 from ..._rules import tickets
 from ..._rules.registry import WorkflowDefinition, validate_tags
-from ...errors import ConcurrencyLimitError
+from ...errors import ConcurrencyLimitError, RateLimitError
 from ...observability import events as observing
 from ...signals import run_refused
 from ...signals import send as send_signal
@@ -71,11 +71,11 @@ def prepare_many(
     inputs: Iterable[Any],
     run_ids: Iterable[str | None] | None,
     options: StartOptions = DEFAULT_OPTIONS,
-) -> tuple[WorkflowDefinition, tuple[quotas.Concurrency, ...], list[tuple[Any, str | None]]]:
+) -> tuple[WorkflowDefinition, tuple[quotas.Limit, ...], list[tuple[Any, str | None]]]:
     """Validate a batch: the definition, the quotas that apply, and each input as JSON
     with its run id; an error names the index of the element at fault."""
     definition = engine.definition(workflow)
-    option = quota_option(definition, options.concurrency)
+    option = quota_option(definition, options.concurrency, options.rate_limit)
     if isinstance(inputs, str | bytes | dict) or not isinstance(inputs, Iterable):
         raise TypeError(f"inputs must be a list of inputs, not {type(inputs).__name__}")
     inputs = list(inputs)
@@ -173,7 +173,11 @@ def _refused_many(
     quota its elements wait behind the kept tickets like any start without one."""
     shared: dict[tuple[str, int, tuple[str, ...], int, int], estimates.Estimate] = {}
     for index, error in refused:
-        quota = next(q for q in requests[index].quotas if q.key == error.key)
+        if isinstance(error, RateLimitError):  # its retry_after is exact already
+            observing.refused(workflow, error)
+            send_signal(run_refused, type(engine), engine=engine, workflow=workflow, error=error)
+            continue
+        quota = next(q for q in requests[index].quotas if q.key == error.key and not q.rate)
         statuses = tuple(quota.count_statuses)
         line: tickets.Line | None = error.line
         ahead = line.ahead if line else 0

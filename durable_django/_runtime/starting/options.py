@@ -22,6 +22,7 @@ class StartOptions:
     namespace: str | None = None
     wait: waiting.Wait = None
     ticket: str | None = None
+    rate_limit: quotas.RateLimitOption = None
 
 
 #: A start with every option left as it is.

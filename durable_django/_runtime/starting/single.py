@@ -40,7 +40,9 @@ def start(
     if seconds:
         waiting.refuse_in_body()
     presented = Presented(options.ticket)
-    definition, input, option = prepare(engine, workflow, input, options.concurrency)
+    definition, input, option = prepare(
+        engine, workflow, input, options.concurrency, options.rate_limit
+    )
     resolved = quotas.resolve(option, input, definition.name)
     attempt = _attempt(
         engine, definition, input, resolved, run_id, options, presented, bool(seconds)
@@ -67,7 +69,9 @@ async def astart(
     if seconds:
         waiting.refuse_in_body()
     presented = Presented(options.ticket)
-    definition, input, option = prepare(engine, workflow, input, options.concurrency)
+    definition, input, option = prepare(
+        engine, workflow, input, options.concurrency, options.rate_limit
+    )
     resolved = await quotas.aresolve(option, input, definition.name)
     attempt = _attempt(
         engine, definition, input, resolved, run_id, options, presented, bool(seconds)
@@ -124,7 +128,9 @@ def start_child(
 ) -> RunHandle:
     """Start a child of ``parent``, in its namespace, under the child's quota (the
     ``concurrency`` and ``tags`` of ``options``)."""
-    definition, input, option = prepare(engine, workflow, input, options.concurrency)
+    definition, input, option = prepare(
+        engine, workflow, input, options.concurrency, options.rate_limit
+    )
     resolved = quotas.resolve(option, input, definition.name)
     tags, namespace = options.tags, parent.namespace
     return admit(

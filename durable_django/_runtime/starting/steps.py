@@ -14,7 +14,7 @@ from ..._core.serialization import json_copy, validate_text
 from ..._rules import concurrency as quotas
 from ..._rules import tickets
 from ..._rules.registry import WorkflowDefinition, validate_tags
-from ...errors import ConcurrencyLimitError
+from ...errors import ConcurrencyLimitError, RateLimitError
 from ...observability import events as observing
 from ...signals import listened, run_refused, run_started
 from ...signals import send as send_signal
@@ -31,20 +31,26 @@ def prepare(
     workflow: WorkflowRef,
     input: Any,
     concurrency: quotas.ConcurrencyOption,
-) -> tuple[WorkflowDefinition, Any, tuple[quotas.Concurrency, ...]]:
-    """Validate a start: the definition, the input as JSON, and the quotas that apply
-    (a per-start list, or one, replaces the workflow's whole list)."""
+    rate_limit: quotas.RateLimitOption = None,
+) -> tuple[WorkflowDefinition, Any, tuple[quotas.Limit, ...]]:
+    """Validate a start: the definition, the input as JSON, and the limits that apply:
+    its quotas (a per-start list, or one, replaces the workflow's whole list), then its
+    rate limits (likewise, replacing the workflow's rate limits only)."""
     definition = engine.definition(workflow)
     input = json_copy(input, f"the input of workflow {definition.name!r}")
-    return definition, input, quota_option(definition, concurrency)
+    return definition, input, quota_option(definition, concurrency, rate_limit)
 
 
 def quota_option(
-    definition: WorkflowDefinition, concurrency: quotas.ConcurrencyOption
-) -> tuple[quotas.Concurrency, ...]:
-    if concurrency is None:
-        return definition.concurrency
-    return quotas.for_start(concurrency)
+    definition: WorkflowDefinition,
+    concurrency: quotas.ConcurrencyOption,
+    rate_limit: quotas.RateLimitOption = None,
+) -> tuple[quotas.Limit, ...]:
+    """The quotas, then the rate limits, of a start: each kind the per-start option's
+    when given, else the workflow's."""
+    own = definition.concurrency if concurrency is None else quotas.for_start(concurrency)
+    rates = definition.rate_limits if rate_limit is None else quotas.rates_for_start(rate_limit)
+    return (*own, *rates)
 
 
 def new_run(
@@ -117,6 +123,10 @@ def after_refusal(
     kept (:func:`~durable_django._runtime.starting.fair.keep_line`), then announced."""
     quota = next((quota for quota in resolved if quota.key == error.key), None)
     line: tickets.Line | None = error.line
+    if isinstance(error, RateLimitError):  # its retry_after is exact already
+        observing.refused(workflow, error)
+        send_signal(run_refused, type(engine), engine=engine, workflow=workflow, error=error)
+        return
     estimates.explain(
         engine,
         error,

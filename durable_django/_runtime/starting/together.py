@@ -51,7 +51,9 @@ def start_together(
     for index, start in enumerate(planned):
         try:
             resolved = quotas.resolve(
-                start.definition.concurrency, start.input, start.definition.name
+                (*start.definition.concurrency, *start.definition.rate_limits),
+                start.input,
+                start.definition.name,
             )
         except (TypeError, ValueError) as error:
             skipped[index] = error

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from ..._core.limits import TAG_PREFIX
 from ..._core.records import NewRun, RunRecord, StartOutcome, StepRecord
+from ..._rules.admission import window_start
 from ..._rules.concurrency import Quota
 from ..._rules.tickets import KeptTicket, Ticket
 from ...db import connection_lost
@@ -145,7 +146,16 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
         ticket: Ticket | None,
     ) -> StartOutcome:
         # The server-side starts know no fair quota's tickets: a fair start reads them
-        # in Python, on PostgreSQL in two round trips, elsewhere on the portable path.
+        # in Python, on PostgreSQL in two round trips, elsewhere on the portable path. A
+        # start under a rate limit takes the portable path on every database.
+        if any(quota.rate for quota in quotas):
+            try:
+                return self._start_portable(run, quotas, check_existing, read_namespace, ticket)
+            except IntegrityError:
+                existing = self.get_run(run.run_id)
+                if existing is None:
+                    raise
+                return existing_outcome(run, existing.workflow, existing.namespace, read_namespace)
         server_side = not any(quota.fair for quota in quotas)
         if server_side and self._fast():
             return self._start_on_postgresql(run, quotas, check_existing, read_namespace)
@@ -182,7 +192,9 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
         attempt = 1
         while True:
             try:
-                if self._fast() and not any(q.fair for start in starts for q in start.quotas):
+                if self._fast() and not any(
+                    q.fair or q.rate for start in starts for q in start.quotas
+                ):
                     return self._start_many_on_postgresql(starts, read_namespace)
                 return super().start_runs(starts, read_namespace=read_namespace)
             except IntegrityError:
@@ -339,6 +351,35 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
                 [(quota.tag, quota.count_statuses) for quota in quotas], namespace
             )
         return units_query(connection, quotas, namespace)
+
+    def rate_units(
+        self, quotas: Sequence[Quota], now: datetime, namespace: str | None
+    ) -> list[int]:
+        """Each rate limit's units in its window, one indexed ``SUM`` per rate limit,
+        read from the ``(tag, created_at, weight)`` index's entries of the window alone."""
+        return [
+            int(
+                self._window_rows(quota, now, namespace).aggregate(units=Sum("weight"))["units"]
+                or 0
+            )
+            for quota in quotas
+        ]
+
+    def rate_window(
+        self, quota: Quota, now: datetime, namespace: str | None
+    ) -> list[tuple[datetime, int]]:
+        """The window's ``(created_at, weight)`` rows, oldest first, from the same index."""
+        rows = self._window_rows(quota, now, namespace).order_by("created_at")
+        return [
+            (created_at, int(weight))
+            for created_at, weight in rows.values_list("created_at", "weight")
+        ]
+
+    def _window_rows(self, quota: Quota, now: datetime, namespace: str | None) -> Any:
+        rows = RunTag.objects.using(self.using).filter(
+            tag=quota.tag, created_at__gt=window_start(quota, now)
+        )
+        return rows.filter(namespace=namespace) if namespace is not None else rows
 
     def transition(
         self,

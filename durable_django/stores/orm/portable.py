@@ -137,8 +137,10 @@ class PortableSql:
         key = ("tags", count)
         if key not in self._by_shape:
             q = self.quote
-            columns = ", ".join(q(c) for c in ("run_id", "tag", "status", "namespace", "weight"))
-            rows = ", ".join(["(%s, %s, %s, %s, %s)"] * count)
+            columns = ", ".join(
+                q(c) for c in ("run_id", "tag", "status", "namespace", "weight", "created_at")
+            )
+            rows = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * count)
             self._by_shape[key] = (
                 f"INSERT INTO {q(RunTag._meta.db_table)} ({columns}) VALUES {rows}"
             )
@@ -215,8 +217,9 @@ def portable_sql(connection: BaseDatabaseWrapper) -> PortableSql:
 
 
 def insert_run(connection: BaseDatabaseWrapper, cursor: Any, run: NewRun) -> None:
-    """Insert the pending ``run`` and its tags (weighing ``run.weights``) on ``cursor``:
-    two statements, the tags in one multi-row insert."""
+    """Insert the pending ``run`` and its tags (weighing ``run.weights``; a rate limit's
+    tag with the run's creation time) on ``cursor``: two statements, the tags in one
+    multi-row insert."""
     for statement, params in insert_run_statements(connection, run):
         cursor.execute(statement, params)
 
@@ -256,7 +259,14 @@ def insert_run_statements(
                 [
                     value
                     for tag in run.tags
-                    for value in (run.run_id, tag, pending, run.namespace, run.weights.get(tag, 1))
+                    for value in (
+                        run.run_id,
+                        tag,
+                        pending,
+                        run.namespace,
+                        run.weights.get(tag, 1),
+                        now if tag in run.rate_tags else None,
+                    )
                 ],
             )
         )
