@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .._core.limits import RATE_TAG_PREFIX, TAG_PREFIX, text_lengths
 from .._core.serialization import validate_text
@@ -21,6 +21,9 @@ from .concurrency import (
 from .windows import ScheduleSpec
 
 WorkflowBody = Callable[[Any, Any], Any]
+
+#: A quota or a rate limit, as declared.
+Limited = TypeVar("Limited", Concurrency, RateLimit)
 
 #: The priorities a workflow may declare: Celery's range (on RabbitMQ, a queue declared
 #: with ``x-max-priority``; on Redis, 0 is the highest).
@@ -214,25 +217,20 @@ def _same_registration(a: WorkflowDefinition, b: WorkflowDefinition) -> bool:
         and a.on_event == b.on_event
         and a.schedules == b.schedules
         and a.priority == b.priority
-        and _same_concurrency(a.concurrency, b.concurrency)
-        and _same_rates(a.rate_limits, b.rate_limits)
-    )
-
-
-def _same_rates(a: tuple[RateLimit, ...], b: tuple[RateLimit, ...]) -> bool:
-    return len(a) == len(b) and all(
-        x.per == y.per
-        and all(
-            _same_callable(p, q)
-            for p, q in ((x.key, y.key), (x.limit, y.limit), (x.weight, y.weight))
+        and _same_limits(
+            a.concurrency, b.concurrency, lambda x, y: x.count_statuses == y.count_statuses
         )
-        for x, y in zip(a, b, strict=True)
+        and _same_limits(a.rate_limits, b.rate_limits, lambda x, y: x.per == y.per)
     )
 
 
-def _same_concurrency(a: tuple[Concurrency, ...], b: tuple[Concurrency, ...]) -> bool:
+def _same_limits(
+    a: tuple[Limited, ...], b: tuple[Limited, ...], same: Callable[[Limited, Limited], bool]
+) -> bool:
+    """Whether two declarations' quotas (or rate limits) are the same: ``same`` compares
+    what their kind adds, the key, limit and weight compare as callables."""
     return len(a) == len(b) and all(
-        x.count_statuses == y.count_statuses
+        same(x, y)
         and all(
             _same_callable(p, q)
             for p, q in ((x.key, y.key), (x.limit, y.limit), (x.weight, y.weight))

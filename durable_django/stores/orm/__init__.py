@@ -148,15 +148,8 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
         # The server-side starts know no fair quota's tickets: a fair start reads them
         # in Python, on PostgreSQL in two round trips, elsewhere on the portable path. A
         # start under a rate limit takes the portable path on every database.
-        if any(quota.rate for quota in quotas):
-            try:
-                return self._start_portable(run, quotas, check_existing, read_namespace, ticket)
-            except IntegrityError:
-                existing = self.get_run(run.run_id)
-                if existing is None:
-                    raise
-                return existing_outcome(run, existing.workflow, existing.namespace, read_namespace)
-        server_side = not any(quota.fair for quota in quotas)
+        rated = any(quota.rate for quota in quotas)
+        server_side = not rated and not any(quota.fair for quota in quotas)
         if server_side and self._fast():
             return self._start_on_postgresql(run, quotas, check_existing, read_namespace)
         try:
@@ -164,7 +157,7 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
                 return self._start_on_mariadb(
                     StartRequest(run, quotas, check_existing), read_namespace
                 )
-            if not server_side and self._fair_in_two():
+            if not server_side and not rated and self._fair_in_two():
                 return self._start_fair_on_postgresql(
                     StartRequest(run, quotas, check_existing), read_namespace, ticket
                 )
