@@ -36,18 +36,9 @@ def start(
     """What :meth:`Engine.start <durable_django.Engine.start>` does; with ``wait``, a
     refused start is tried again for up to that long (:mod:`durable_django._runtime.waiting`),
     presenting the ticket a fair quota gave its previous attempt."""
-    seconds = waiting.seconds(options.wait)
-    if seconds:
-        waiting.refuse_in_body()
-    presented = Presented(options.ticket)
-    definition, input, option = prepare(
-        engine, workflow, input, options.concurrency, options.rate_limit
-    )
+    seconds, presented, definition, input, option = _checked(engine, workflow, input, options)
     resolved = quotas.resolve(option, input, definition.name)
-    attempt = _attempt(
-        engine, definition, input, resolved, run_id, options, presented, bool(seconds)
-    )
-
+    attempt = _attempt(engine, definition, input, resolved, run_id, options, presented, seconds)
     if not seconds:
         return attempt()
     keys = [quota.key for quota in resolved]
@@ -65,24 +56,29 @@ async def astart(
 ) -> RunHandle:
     """:func:`start` for async code: an async limit function is awaited on the loop, and
     a start with ``wait`` waits without blocking it."""
-    seconds = waiting.seconds(options.wait)
-    if seconds:
-        waiting.refuse_in_body()
-    presented = Presented(options.ticket)
-    definition, input, option = prepare(
-        engine, workflow, input, options.concurrency, options.rate_limit
-    )
+    seconds, presented, definition, input, option = _checked(engine, workflow, input, options)
     resolved = await quotas.aresolve(option, input, definition.name)
-    attempt = _attempt(
-        engine, definition, input, resolved, run_id, options, presented, bool(seconds)
-    )
-
+    attempt = _attempt(engine, definition, input, resolved, run_id, options, presented, seconds)
     if not seconds:
         return await sync_to_async(attempt)()
     keys = [quota.key for quota in resolved]
     await sync_to_async(waiting.check_may_wait)(engine.store, keys)
     with observing.waiting(), metrics.waited(definition.name):
         return await waiting.astart_waiting(engine.store, keys, seconds, attempt)
+
+
+def _checked(
+    engine: Runtime, workflow: WorkflowRef, input: Any, options: StartOptions
+) -> tuple[float, Presented, WorkflowDefinition, Any, tuple[quotas.Limit, ...]]:
+    """What :func:`start` and :func:`astart` check before the limits are resolved, in
+    this order: the ``wait`` (refused inside a body), the ticket, the definition, the
+    input, the limits that apply."""
+    seconds = waiting.seconds(options.wait)
+    if seconds:
+        waiting.refuse_in_body()
+    presented = Presented(options.ticket)
+    prepared = prepare(engine, workflow, input, options.concurrency, options.rate_limit)
+    return (seconds, presented, *prepared)
 
 
 def _attempt(
@@ -93,13 +89,13 @@ def _attempt(
     run_id: str | None,
     options: StartOptions,
     presented: Presented,
-    waits: bool,
+    waits: float,
 ) -> Callable[[], RunHandle]:
     """One attempt of :func:`start`, presenting its ticket, made as often as it
     ``waits``. A waiting start without a ``run_id`` starts the same new one in every
     attempt: one whose answer was lost with its connection after it created the run is
     found by the next (whose handle says ``created``: this start created it)."""
-    own = waits and run_id is None
+    own = bool(waits) and run_id is None
     if own:
         run_id = checked_run_id(None)
 
