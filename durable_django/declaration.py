@@ -13,11 +13,10 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, TypeVar, overload
 
-from ._core.context import current_context
 from ._rules.concurrency import ConcurrencyOption, RateLimitOption
 from ._rules.registry import WorkflowDefinition, make_definition
 from ._runtime import starting
-from ._runtime.execution import Context
+from ._runtime.execution import Context, running_context
 from ._runtime.handles import BatchStart, Input, Output, RunHandle
 from ._runtime.starting import StartOptions
 from ._runtime.waiting import Wait, refuse_in_body
@@ -213,7 +212,7 @@ def _running_body(declared: Workflow[Any, Any], options: StartOptions) -> Contex
     """The context of the workflow body running here, if this start happens inside one;
     there a start is a child start, in its parent's namespace, which neither waits for a
     slot nor presents a ticket."""
-    context = current_context.get()
+    context = running_context()
     if context is None:
         return None
     if options.namespace is not None:
@@ -229,7 +228,7 @@ def _running_body(declared: Workflow[Any, Any], options: StartOptions) -> Contex
 
 
 def _outside_body(declared: Workflow[Any, Any], method: str) -> None:
-    if current_context.get() is not None:
+    if running_context() is not None:
         raise DurableError(
             f"{declared.name}.{method}() cannot be called inside a workflow body: "
             "start children with ctx.start_child"

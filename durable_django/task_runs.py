@@ -29,6 +29,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from ._core.records import RunRecord, StepRecord
+from ._core.runtime import Runtime
 from ._core.serialization import json_copy
 from ._rules.registry import WorkflowDefinition
 from ._rules.task_meta import TASK_WORKFLOW
@@ -94,7 +95,7 @@ _announced = threading.local()
 
 
 def call_task(
-    engine: Engine, run_id: str, input: dict[str, Any], attempts: list[dict[str, str]]
+    engine: Runtime, run_id: str, input: dict[str, Any], attempts: list[dict[str, str]]
 ) -> Any:
     """Call the task function with the run's arguments, after ``task_started``
     (``attempts``: the record of each worker that processed it, this one's last); a

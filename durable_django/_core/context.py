@@ -8,13 +8,12 @@ that sets it (:mod:`durable_django._runtime.execution`, which starts children th
 from __future__ import annotations
 
 import contextvars
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .._runtime.execution import Context
-
-#: The context of the body running in this thread (or task), if any.
-current_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
+#: The context of the body running in this thread (or task), if any: a
+#: :class:`durable_django._runtime.execution.Context`, read typed through
+#: :func:`durable_django._runtime.execution.running_context` (typed loosely here, so
+#: that this low module names nothing above it, not even for the type checker).
+current_context: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "durable_django_context", default=None
 )
 

@@ -1,5 +1,5 @@
 """The values that cross the store contract: a run about to be created, a run and a step
-as read, and what a start did.
+as read, what a start did, and what a tick did.
 
 Plain frozen dataclasses; this module imports nothing from the ORM or the engine.
 """
@@ -88,3 +88,22 @@ class StartOutcome:
     created: bool
     workflow: str
     namespace: str
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    """What one tick did: runs woken from timers, recovered from dead workers, unblocked,
+    sent again after their message seemed lost; schedule windows fired, and skipped
+    (over their quota, or failing to start: see the schedule's ``last_error``)."""
+
+    woken: int = 0
+    recovered: int = 0
+    unblocked: int = 0
+    resent: int = 0
+    fired: int = 0
+    skipped_windows: int = 0
+
+    @property
+    def total(self) -> int:
+        """Everything the tick handed on or fired."""
+        return self.woken + self.recovered + self.unblocked + self.resent + self.fired

@@ -75,5 +75,11 @@ class Runtime(Protocol):
     def wait_for_run(self, run_id: str, timeout: float | None = None) -> RunRecord:
         """The run once it has finished, waiting at most ``timeout`` seconds."""
 
+    def wake(self, run_id: str) -> bool:
+        """Make a suspended run pending and send it to a worker; whether it was suspended."""
+
+    def finished(self, run: RunRecord, status: str) -> None:
+        """What follows a run's end: its parent woken, ``run_finished`` sent on commit."""
+
 
 __all__ = ["EngineConfig", "Runtime"]

@@ -35,7 +35,6 @@ from ..errors import DEFAULT_RETRY_AFTER, ConcurrencyLimitError
 
 if TYPE_CHECKING:
     from .._core.runtime import Runtime
-    from .usage import QuotaUsage
 
 logger = logging.getLogger("durable_django.estimates")
 
@@ -211,14 +210,6 @@ def estimate(
     )
 
 
-def for_usage(engine: Runtime, usage: QuotaUsage) -> Estimate | None:
-    """A busy key's estimate against its declared limit (against its active runs when
-    no limit is known: when its next run likely ends); ``None`` for an idle key."""
-    if not usage.active:
-        return None
-    return estimate(engine, usage.key, usage.limit if usage.limit is not None else usage.active)
-
-
 def explain(
     engine: Runtime,
     error: ConcurrencyLimitError,
@@ -244,7 +235,6 @@ __all__ = [
     "durations",
     "estimate",
     "explain",
-    "for_usage",
     "holders",
     "remaining",
     "soonest_free",

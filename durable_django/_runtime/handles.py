@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeAlias
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias
 
 from asgiref.sync import sync_to_async
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from typing_extensions import TypeVar
 
     from .._core.runtime import Runtime
-    from ..declaration import BaseWorkflow, Workflow
 
     #: A workflow's input and output, as its body declares them; ``Any`` where unsaid.
     Input = TypeVar("Input", default=Any)
@@ -31,9 +30,29 @@ else:  # a TypeVar's default is the type checker's (PEP 696); Python 3.11 has no
     Input = typing.TypeVar("Input")
     Output = typing.TypeVar("Output")
 
+
+class Declared(Protocol):
+    """A declared workflow, as a ``@workflow`` function's :class:`~durable_django.Workflow`
+    is: it holds its definition."""
+
+    @property
+    def definition(self) -> WorkflowDefinition:
+        """The definition new runs start with."""
+
+
+class DeclaredClass(Protocol):
+    """A ``BaseWorkflow`` class decorated with ``@workflow``: its ``durable`` holds the
+    :class:`~durable_django.Workflow`."""
+
+    @property
+    def durable(self) -> Declared:
+        """The class's declared workflow."""
+
+
 #: What names a workflow to start: its registered name, a declared workflow (a
-#: ``@workflow`` function or ``BaseWorkflow`` class), or a definition.
-WorkflowRef: TypeAlias = "str | WorkflowDefinition | Workflow | type[BaseWorkflow]"
+#: ``@workflow`` function or ``BaseWorkflow`` class), or a definition. Told by their
+#: shape, so that this module names nothing of the declarations above it.
+WorkflowRef: TypeAlias = "str | WorkflowDefinition | Declared | DeclaredClass"
 
 
 class RunHandle(Generic[Output]):

@@ -7,33 +7,14 @@ ticking is idempotent and safe from several processes at once.
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._core.records import TickResult
 from ..observability import events as observing
 from ..status import RunStatus
 
 if TYPE_CHECKING:
     from .._core.runtime import Runtime
-
-
-@dataclass(frozen=True, slots=True)
-class TickResult:
-    """What one tick did: runs woken from timers, recovered from dead workers, unblocked,
-    sent again after their message seemed lost; schedule windows fired, and skipped
-    (over their quota, or failing to start: see the schedule's ``last_error``)."""
-
-    woken: int = 0
-    recovered: int = 0
-    unblocked: int = 0
-    resent: int = 0
-    fired: int = 0
-    skipped_windows: int = 0
-
-    @property
-    def total(self) -> int:
-        """Everything the tick handed on or fired."""
-        return self.woken + self.recovered + self.unblocked + self.resent + self.fired
 
 
 def tick(engine: Runtime, now: datetime.datetime, limit: int) -> TickResult:
@@ -79,3 +60,6 @@ def tick(engine: Runtime, now: datetime.datetime, limit: int) -> TickResult:
     result = TickResult(**counts)
     observing.ticked(result)
     return result
+
+
+__all__ = ["TickResult", "tick"]

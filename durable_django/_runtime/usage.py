@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._rules.concurrency import DEFAULT_CONCURRENCY_STATUSES, Concurrency, limit_for, quota_tag
+from . import estimates
 
 if TYPE_CHECKING:
     from .._core.runtime import Runtime
@@ -43,6 +44,15 @@ class QuotaUsage:
     def full(self) -> bool:
         """Whether a start under the declared limit would be refused now."""
         return self.limit is not None and self.active >= self.limit
+
+
+def estimate_for(engine: Runtime, usage: QuotaUsage) -> estimates.Estimate | None:
+    """A busy key's estimate against its declared limit (against its active runs when
+    no limit is known: when its next run likely ends); ``None`` for an idle key."""
+    if not usage.active:
+        return None
+    limit = usage.limit if usage.limit is not None else usage.active
+    return estimates.estimate(engine, usage.key, limit)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .._rules.concurrency import DEFAULT_CONCURRENCY_STATUSES
 from .._runtime import estimates
+from .._runtime.usage import estimate_for
 from ..engines import default_engine
 from ..tasks_backend import shown_usage
 from .display import duration_text
@@ -45,9 +46,7 @@ def quota_page(model_admin: QuotaPageAdmin, request: HttpRequest) -> HttpRespons
     site = model_admin.admin_site
     changelist = reverse(model_admin._urlname("changelist"), current_app=site.name)
     shown = [shown_usage(default_engine, usage) for usage in default_engine.quota_usage(key)]
-    rows = [
-        quota_row(usage, changelist, estimates.for_usage(default_engine, usage)) for usage in shown
-    ]
+    rows = [quota_row(usage, changelist, estimate_for(default_engine, usage)) for usage in shown]
     context = {
         **site.each_context(request),
         "opts": model_admin.model._meta,
@@ -66,7 +65,7 @@ def quota_row(
     usage: QuotaUsage, changelist_url: str, estimate: Estimate | None = None
 ) -> dict[str, Any]:
     """What the quota page shows for one :class:`~durable_django._runtime.usage.QuotaUsage`, with
-    its :func:`~durable_django._runtime.estimates.for_usage` estimate when given."""
+    its :func:`~durable_django._runtime.usage.estimate_for` estimate when given."""
     limit = usage.limit
     if limit is None:
         percent = None

@@ -55,7 +55,7 @@ from .catalogue import (
 )
 
 if TYPE_CHECKING:
-    from .._runtime.tick import TickResult
+    from .._core.records import TickResult
 
 logger = logging.getLogger("durable_django.metrics")
 

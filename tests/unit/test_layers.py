@@ -214,27 +214,28 @@ def test_a_cycle_made_later_is_found():
     assert {"durable_django.errors", "durable_django.engines"} <= set(found)
 
 
-#: The modules below the engine that name it in their annotations: the turn, which also
-#: wakes runs, starts children, sends signals and ends runs through it. The others take
-#: the engine as a ``runtime.Runtime``.
-NAMING_THE_ENGINE = {
-    "durable_django._runtime.execution.context",
-    "durable_django._runtime.execution.turn",
-}
-
-
-def test_below_the_engine_the_services_name_it_as_a_runtime():
+def test_below_the_engine_no_module_names_it_even_in_annotations():
+    """The modules below the engine take it as a ``runtime.Runtime``: not even an import
+    under ``if TYPE_CHECKING:`` reaches back up to it."""
     engines = "durable_django.engines"
-    naming = {
+    naming = sorted(
         found.importer
         for module, path in modules().items()
         if layer_of(module) < layer_of(engines)
         for found in imports_of(module, path, annotations=True)
         if found.imported == engines
-    }
-    assert naming == NAMING_THE_ENGINE, (
-        "annotate the engine as a durable_django._core.runtime.Runtime"
     )
+    assert naming == [], "annotate the engine as a durable_django._core.runtime.Runtime"
+
+
+def test_annotations_have_no_cycle():
+    """Counting the imports made for type checking too, the package has no cycle."""
+    typing_only = [
+        found
+        for module, path in modules().items()
+        for found in imports_of(module, path, annotations=True)
+    ]
+    assert cycle([*all_imports(), *typing_only]) == []
 
 
 def test_imports_made_later_are_the_ones_the_page_lists():

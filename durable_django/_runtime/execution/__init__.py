@@ -14,7 +14,7 @@ The package's modules, one job each: :mod:`.context` (the ``Context`` a body rec
 
 from ..._core.context import current_context
 from ...errors import NonDeterminismError, SignalTimeout, StepError
-from .context import Context
+from .context import Context, running_context
 from .control import LeaseLost, Suspend
 from .payloads import error_payload as error_payload
 from .turn import execute_run
@@ -28,4 +28,5 @@ __all__ = [
     "Suspend",
     "current_context",
     "execute_run",
+    "running_context",
 ]

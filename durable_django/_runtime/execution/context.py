@@ -49,12 +49,14 @@ from ...errors import (
 )
 from ...observability import events as observing
 from ...status import TERMINAL_STATUSES, RunStatus
+from .. import starting
 from ..handles import RunHandle, WorkflowRef
+from ..starting.options import StartOptions
 from .control import DatabaseLost, LeaseLost, Suspend, TimeUp
 from .payloads import error_payload, refusal_from, refusal_payload
 
 if TYPE_CHECKING:
-    from ...engines import Engine
+    from ..._core.runtime import Runtime
     from ...stores.base import BaseStore
 
 _P = ParamSpec("_P")
@@ -128,7 +130,9 @@ def _backoff_seconds(backoff: float | Callable[[int], float], attempt: int) -> f
 class Context:
     """What a workflow body receives as ``ctx``: its durable calls and its run's identity."""
 
-    def __init__(self, engine: Engine, run: RunRecord, steps: list[StepRecord], owner: str) -> None:
+    def __init__(
+        self, engine: Runtime, run: RunRecord, steps: list[StepRecord], owner: str
+    ) -> None:
         self.engine = engine
         self.run = run
         self.owner = owner
@@ -545,14 +549,9 @@ class Context:
             run_id = child_id if child_id is not None else f"{self.run_id}/{position}"
             try:
                 with _reaching(self.engine.store):
-                    handle = self.engine.start_child(
-                        self.run,
-                        definition,
-                        input,
-                        run_id,
-                        concurrency=concurrency,
-                        tags=tags,
-                        rate_limit=rate_limit,
+                    options = StartOptions(concurrency, tags, rate_limit=rate_limit)
+                    handle = starting.start_child(
+                        self.engine, self.run, definition, input, run_id, options
                     )
                     if not handle.created:
                         _check_own_child(self, run_id)
@@ -571,6 +570,12 @@ class Context:
                 cause=refusal,
             )
         return recorded.result["child_id"], recorded.result["created"]
+
+
+def running_context() -> Context | None:
+    """The context of the workflow body running in this thread (or task), if any."""
+    context = current_context.get()
+    return context if isinstance(context, Context) else None
 
 
 def _check_own_child(context: Context, run_id: str) -> None:

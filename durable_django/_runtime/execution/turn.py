@@ -34,7 +34,7 @@ from .control import DatabaseLost, LeaseLost, Suspend, TimeUp
 from .payloads import error_payload, unwritten_payload
 
 if TYPE_CHECKING:
-    from ...engines import Engine
+    from ..._core.runtime import Runtime
     from ...stores.base import BaseStore
 
 logger = logging.getLogger("durable_django.execution")
@@ -49,7 +49,7 @@ def worker_id() -> str:
 _RELEASED = {"lease_owner": "", "lease_expires_at": None, "blocked_reason": ""}
 
 
-def execute_run(engine: Engine, run_id: str) -> bool:
+def execute_run(engine: Runtime, run_id: str) -> bool:
     """Claim a pending run, replay its body, and suspend or finish it.
 
     Returns False when the run was not waiting for a worker (another took it, or it
@@ -73,7 +73,7 @@ def execute_run(engine: Engine, run_id: str) -> bool:
 
 
 def _turn(
-    engine: Engine, run: RunRecord, steps: list[StepRecord], owner: str, turn: observing.TurnEvent
+    engine: Runtime, run: RunRecord, steps: list[StepRecord], owner: str, turn: observing.TurnEvent
 ) -> str:
     """A claimed run's turn: its body replayed, then its end written; returns how the
     turn ended (:data:`~durable_django.observability.events.TURN_OUTCOMES`)."""
@@ -168,7 +168,7 @@ def _write_turn_end(
 
 
 def _hand_back(
-    engine: Engine,
+    engine: Runtime,
     run: RunRecord,
     owner: str,
     why: str,
@@ -272,7 +272,7 @@ def _run_body(body: Callable[[Any, Any], Any], context: Context) -> tuple[str, d
     }
 
 
-def _after_turn(engine: Engine, run: RunRecord, status: str, wait: Any) -> None:
+def _after_turn(engine: Runtime, run: RunRecord, status: str, wait: Any) -> None:
     """Wake whoever this turn's end concerns, closing the races with signals and children.
 
     A run that ended is announced (its parent woken). A run that just suspended on a

@@ -8,7 +8,7 @@ from django.core.management.base import CommandParser
 
 from ..._runtime import estimates
 from ..._runtime.estimates import Estimate
-from ..._runtime.usage import QuotaUsage
+from ..._runtime.usage import QuotaUsage, estimate_for
 from ...tasks_backend import shown_usage
 from .base import Subcommand
 
@@ -34,11 +34,7 @@ class QuotaSubcommand(Subcommand):
 
     def handle(self, **options: Any) -> None:
         usage = [shown_usage(self.engine, u) for u in self.engine.quota_usage(options["key"])]
-        found = (
-            {u.key: estimates.for_usage(self.engine, u) for u in usage}
-            if options["estimate"]
-            else {}
-        )
+        found = {u.key: estimate_for(self.engine, u) for u in usage} if options["estimate"] else {}
         if self.as_json:
             self.emit_json([{**usage_json(u), **estimate_json(u, found)} for u in usage])
             return
