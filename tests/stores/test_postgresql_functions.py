@@ -14,6 +14,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.test import override_settings
 
+from durable_django._core.limits import TAG_PREFIX
 from durable_django.stores.postgres import function_definitions, parse_functions, start_text
 
 postgresql_only = pytest.mark.skipif(
@@ -135,13 +136,33 @@ def _words(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_the_single_start_in_the_file_is_the_rendered_one():
-    """``functions.sql`` holds ``durable_start_run_v2`` as ``start_text`` renders it from
-    the fragments the first start's statements are built of (a released version never
-    changes: a change of a fragment shows here)."""
-    assert function_definitions()["durable_start_run_v2"] == start_text.start_function(), (
-        "python -m durable_django.stores.postgres.start_text rewrites it"
+def test_the_single_start_holds_the_rendered_fragments():
+    """``durable_start_run_v2`` counts, admits and inserts with the fragments the first
+    start's statements are built of, as ``start_text`` renders them with the function's
+    names: a fragment changed on one side only shows here."""
+    single = _words(function_definitions()["durable_start_run_v2"])
+    row = start_text.run_row(
+        *[f"p_{c}" for c in ("id", "workflow", "version", "namespace", "queue", "input")],
+        "p_parent_id",
+        "p_attempt",
+        "v_now",
     )
+    tags = start_text.weighed_tags("p_tags", "p_keys", "p_weights")
+    for fragment in (
+        start_text.units("v_tag", "p_statuses[i:i]", "p_read_namespace"),
+        start_text.admits("v_active", "p_weights[i]", "p_limits[i]"),
+        start_text.insert_run(row),
+        start_text.insert_tags("p_id", "p_namespace", tags),
+        f"v_tag := '{TAG_PREFIX}' || p_keys[i];",
+    ):
+        assert _words(fragment) in single
+
+
+def test_a_fragment_changed_on_one_side_only_is_found():
+    """The check above can fail: a fragment that differs from the file's text is not in it."""
+    single = _words(function_definitions()["durable_start_run_v2"])
+    changed = start_text.admits("v_active", "p_weights[i]", "p_limits[i]").replace("<=", "<")
+    assert _words(changed) not in single
 
 
 def test_the_batch_start_holds_the_rendered_fragments():

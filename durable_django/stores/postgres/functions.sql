@@ -238,9 +238,9 @@ $$;
 -- status = ANY(...) the planner reads every index entry of a key whose runs came after
 -- the last ANALYZE). One statement, so one snapshot.
 --
--- Its text is rendered by durable_django.stores.postgres.start_text (start_function), from
--- the fragments the first start's statements are made of: change the fragments there and
--- render it again (python -m durable_django.stores.postgres.start_text), never by hand.
+-- Its count, admission and inserts are the fragments the first start's statements are
+-- made of (durable_django.stores.postgres.start_text); tests/stores/test_postgresql_functions.py
+-- checks that each stands here as that module renders it: change both together.
 --
 -- The statements are planned once per connection, and these settings make that safe:
 -- plan_cache_mode = force_generic_plan (one plan, kept until the tables' statistics

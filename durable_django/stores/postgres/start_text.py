@@ -1,21 +1,20 @@
-"""The PostgreSQL texts of the admission rule, built from one set of fragments.
+"""The PostgreSQL fragments of the admission rule, written once.
 
 A start's SQL is sent two ways: ``durable_start_run_v2`` (``functions.sql``), and, for
 the first start on a connection, the same work as plain statements
 (:func:`statements`, one query string), which a new server process plans faster than it
-compiles the function. Both are rendered here from the same fragments: the index search
-of one (tag, status) (:func:`search`), summed into a quota's units (:func:`units` in the
+compiles the function. Both are made of the fragments here: the index search of one
+(tag, status) (:func:`search`), summed into a quota's units (:func:`units` in the
 function, whose statuses are an argument; :func:`units_of_statuses` in the statements,
 whose statuses are known as they are written), the admission condition (:func:`admits`)
 and the inserts of the run and its tags (:func:`insert_run`, :func:`insert_tags`). The
 set-based batch ``durable_start_runs_v2`` uses :func:`search`, :func:`admits` and
 :func:`insert_run` too.
 
-``functions.sql`` holds the rendered text, as released:
-``tests/stores/test_postgresql_functions.py`` checks that :func:`start_function` equals the
-file's ``durable_start_run_v2`` and that the batch holds the fragments as rendered here.
-``python -m durable_django.stores.postgres.start_text`` writes the rendered function into
-the file."""
+``functions.sql`` holds the functions as released, written out once there;
+``tests/stores/test_postgresql_functions.py`` binds them to this module: each fragment,
+rendered with the function's own names, stands in the file's single start and batch, so
+a fragment changed here and not there (or the other way round) fails that test."""
 
 from __future__ import annotations
 
@@ -29,7 +28,6 @@ from django.core.serializers.json import DjangoJSONEncoder
 from ..._core.limits import TAG_PREFIX
 from ..._core.records import NewRun
 from ..._rules.concurrency import Quota
-from . import FUNCTIONS, FUNCTIONS_FILE
 
 #: The columns a start writes into ``durable_run``, in :func:`run_row`'s order.
 RUN_COLUMNS = (
@@ -139,124 +137,6 @@ def _indented(text: str, spaces: int) -> str:
     return textwrap.indent(text, " " * spaces)
 
 
-_START_FUNCTION = """\
-CREATE OR REPLACE FUNCTION durable_start_run_v2(
-    p_id text,
-    p_check_existing boolean,
-    p_workflow text,
-    p_version text,
-    p_namespace text,
-    p_input jsonb,
-    p_tags text[],
-    p_queue text,
-    p_parent_id text,
-    p_attempt integer,
-    p_keys text[],
-    p_limits integer[],
-    p_weights integer[],
-    p_statuses text[],
-    p_read_namespace text
-) RETURNS TABLE(
-    outcome text, refused integer, active bigint, found_workflow text, found_namespace text
-)
-LANGUAGE plpgsql VOLATILE
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-SET max_parallel_workers_per_gather = 0
-SET jit = off
-AS $$
-DECLARE
-    v_quotas integer := coalesce(cardinality(p_keys), 0);
-    v_active bigint := 0;
-    v_now timestamptz := clock_timestamp();
-    v_tag text;
-BEGIN
-    IF v_quotas > 0 THEN
-        IF coalesce(cardinality(p_limits), 0) <> v_quotas
-            OR coalesce(cardinality(p_weights), 0) <> v_quotas
-            OR coalesce(array_length(p_statuses, 1), 0) <> v_quotas THEN
-            RAISE EXCEPTION 'durable_start_run_v2 takes one limit, weight and row of statuses per key';
-        END IF;
-        IF v_quotas = 1 THEN
-            PERFORM durable_lock_quota_key_v1(p_keys[1]);
-        ELSE
-            IF (SELECT count(DISTINCT k) FROM unnest(p_keys) AS k) <> v_quotas THEN
-                RAISE EXCEPTION 'durable_start_run_v2 takes each key once';
-            END IF;
-            PERFORM durable_lock_quota_keys_v1(p_keys);
-        END IF;
-    END IF;
-    IF p_check_existing THEN
-        RETURN QUERY SELECT 'exists'::text, NULL::integer, 0::bigint, r.workflow::text,
-                r.namespace::text
-            FROM durable_run r WHERE r.id = p_id;
-        IF FOUND THEN
-            RETURN;
-        END IF;
-    END IF;
-    FOR i IN 1 .. v_quotas LOOP
-        IF p_weights[i] IS NULL OR p_weights[i] < 1 THEN
-            RAISE EXCEPTION 'durable_start_run_v2: weight % of key % is below 1',
-                p_weights[i], p_keys[i];
-        END IF;
-        v_tag := '{prefix}' || p_keys[i];
-        v_active := (
-{units}
-        );
-        IF NOT ({admits}) THEN
-            RETURN QUERY SELECT 'refused'::text, i, v_active, NULL::text, NULL::text;
-            RETURN;
-        END IF;
-    END LOOP;
-{insert_run};
-    IF NOT FOUND THEN
-        -- A concurrent start inserted this id first; it has committed by now.
-        RETURN QUERY SELECT 'exists'::text, NULL::integer, 0::bigint, r.workflow::text,
-                r.namespace::text
-            FROM durable_run r WHERE r.id = p_id;
-        RETURN;
-    END IF;
-{insert_tags};
-    RETURN QUERY SELECT 'created'::text, NULL::integer, v_active, p_workflow, p_namespace;
-END
-$$;"""  # noqa: E501 (the function's text, as released)
-
-
-def start_function() -> str:
-    """The statement creating ``durable_start_run_v2``, as ``functions.sql`` holds it."""
-    return (
-        _START_FUNCTION.replace("{prefix}", TAG_PREFIX)
-        .replace("{units}", _indented(units("v_tag", "p_statuses[i:i]", "p_read_namespace"), 12))
-        .replace("{admits}", admits("v_active", "p_weights[i]", "p_limits[i]"))
-        .replace(
-            "{insert_run}",
-            _indented(
-                insert_run(
-                    run_row(
-                        "p_id",
-                        "p_workflow",
-                        "p_version",
-                        "p_namespace",
-                        "p_queue",
-                        "p_input",
-                        "p_parent_id",
-                        "p_attempt",
-                        "v_now",
-                    )
-                ),
-                4,
-            ),
-        )
-        .replace(
-            "{insert_tags}",
-            _indented(
-                insert_tags("p_id", "p_namespace", weighed_tags("p_tags", "p_keys", "p_weights")),
-                4,
-            ),
-        )
-    )
-
-
 #: Reads the run holding an id, after statements found it taken.
 EXISTING_SQL = "SELECT workflow, namespace FROM durable_run WHERE id = %s"
 
@@ -336,15 +216,3 @@ def statements(
         + (" FROM " + ", ".join(f"q{number}" for number in numbers) if quotas else "")
     )
     return sql, params
-
-
-def rewrite_functions_file() -> None:
-    """Write :func:`start_function` into ``functions.sql`` in place of its
-    ``durable_start_run_v2``."""
-    text = FUNCTIONS_FILE.read_text(encoding="utf-8")
-    current = FUNCTIONS.parse(text)["durable_start_run_v2"]
-    FUNCTIONS_FILE.write_text(text.replace(current, start_function()), encoding="utf-8")
-
-
-if __name__ == "__main__":
-    rewrite_functions_file()
