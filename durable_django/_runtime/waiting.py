@@ -46,7 +46,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
@@ -134,6 +134,13 @@ class _Ticket:
         self.event = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.async_event: asyncio.Event | None = None
+
+    def clear(self) -> None:
+        """Forget past wakes: called before looking at the queues, so that a wake from
+        then on is not lost."""
+        self.event.clear()
+        if self.async_event is not None:
+            self.async_event.clear()
 
     def wake(self) -> None:
         self.event.set()
@@ -275,11 +282,12 @@ class _Waiting:
         if isinstance(failure, _Lost):
             self.listened = False
 
-    def listening(self, listener: object | None) -> None:
-        """A listener was asked for: when one was opened after a failure, try at once (a
-        release between that failure and the listening would not be heard)."""
+    def listening(self, opened: bool) -> None:
+        """A listener was asked for (``opened``: and one was opened): when one was opened
+        after a failure, try at once (a release between that failure and the listening
+        would not be heard)."""
         self.listened = True
-        self.pause_first = self.pause_first and listener is None
+        self.pause_first = self.pause_first and not opened
 
     def pause(self, remaining: float, listening: bool) -> float:
         self.pause_first = False
@@ -344,6 +352,58 @@ async def _awaited(listener: AsyncReleaseListener, pause: float) -> bool:
     return True
 
 
+#: The moves of a waiting start (:func:`_moves`), which its sync or async driver makes.
+_TRY = "try"  # an attempt; its refusal or lost connection is sent back
+_TURN = "turn"  # wait, for at most the seconds given, to be woken at the queues' head
+_LISTEN = "listen"  # open a listener (closing the one before); whether it opened is sent back
+_PAUSE = "pause"  # pause the seconds given, on the listener or polling; False back if it failed
+_LAST_TRY = "last try"  # the deadline passed before any attempt: one, whatever it gives
+_GIVE_UP = "give up"  # the deadline passed: raise the last failure
+
+_Move: TypeAlias = "tuple[str, float]"
+_Answer: TypeAlias = "ConcurrencyLimitError | _Lost | bool | None"
+
+
+def _moves(waiting: _Waiting) -> Generator[_Move, _Answer, None]:
+    """The waiting loop's decisions, without its waits: what to do next, given what the
+    last move gave. The sync and async drivers (:func:`start_waiting`,
+    :func:`astart_waiting`) carry each move out; closing the generator (the driver
+    returning a start) takes the ticket out of its queues."""
+    ticket = waiting.ticket
+    joined = False
+    try:
+        if not _queued(ticket):
+            waiting.failed(_failure((yield _TRY, 0.0)))
+        _join(ticket)
+        joined = True
+        listening = False
+        while (remaining := waiting.remaining()) > 0:
+            ticket.clear()
+            if not _at_head(ticket):
+                yield _TURN, min(remaining, SAFETY_SECONDS)
+                waiting.pause_first = False
+                continue
+            if not waiting.listened:
+                listening = (yield _LISTEN, 0.0) is True
+                waiting.listening(listening)
+            if waiting.pause_first:
+                if (yield _PAUSE, waiting.pause(remaining, listening)) is False:
+                    listening = False
+                    waiting.listened = False  # listen afresh before the next attempt
+                continue
+            waiting.failed(_failure((yield _TRY, 0.0)))
+    finally:
+        if joined:
+            _leave(ticket)
+    # Queued behind others and never tried: one last attempt.
+    yield (_LAST_TRY if waiting.failure is None else _GIVE_UP), 0.0
+
+
+def _failure(answer: _Answer) -> ConcurrencyLimitError | _Lost:
+    assert isinstance(answer, ConcurrencyLimitError | _Lost)
+    return answer
+
+
 def start_waiting(
     store: BaseStore, keys: Collection[str], wait: float, attempt: Callable[[], _T]
 ) -> _T:
@@ -354,48 +414,41 @@ def start_waiting(
         return attempt()
     trying = _attempting(store, attempt)
     waiting = _Waiting(store, keys, wait)
-    ticket = waiting.ticket
-    if not _queued(ticket):
-        try:
-            return trying()
-        except (ConcurrencyLimitError, _Lost) as failure:
-            waiting.failed(failure)
-    _join(ticket)
+    moves = _moves(waiting)
     listener: ReleaseListener | None = None
     try:
-        while (remaining := waiting.remaining()) > 0:
-            ticket.event.clear()  # before looking: a wake from now on is not lost
-            if not _at_head(ticket):
-                ticket.event.wait(min(remaining, SAFETY_SECONDS))
-                waiting.pause_first = False
-                continue
-            if not waiting.listened:
+        move, seconds = next(moves)
+        while True:
+            answer: _Answer = None
+            if move == _TRY:
+                try:
+                    return trying()
+                except (ConcurrencyLimitError, _Lost) as failure:
+                    answer = failure
+            elif move == _TURN:
+                waiting.ticket.event.wait(seconds)
+            elif move == _LISTEN:
                 if listener is not None:
                     with contextlib.suppress(Exception):
                         listener.close()
                 listener = _listener(store, keys)
-                waiting.listening(listener)
-            if waiting.pause_first:
-                pause = waiting.pause(remaining, listener is not None)
+                answer = listener is not None
+            elif move == _PAUSE:
                 if listener is None:
-                    time.sleep(pause)
-                elif not _waited(listener, pause):
-                    listener = None
-                    waiting.listened = False  # listen afresh before the next attempt
-                continue
-            try:
-                return trying()
-            except (ConcurrencyLimitError, _Lost) as failure:
-                waiting.failed(failure)
+                    time.sleep(seconds)
+                elif not _waited(listener, seconds):
+                    listener, answer = None, False
+            elif move == _LAST_TRY:
+                with _unwrapped():
+                    return trying()
+            else:
+                raise waiting.give_up()
+            move, seconds = moves.send(answer)
     finally:
-        _leave(ticket)
+        moves.close()
         if listener is not None:
             with contextlib.suppress(Exception):
                 listener.close()
-    if waiting.failure is None:  # queued behind others, and never tried
-        with _unwrapped():
-            return trying()
-    raise waiting.give_up()
 
 
 async def astart_waiting(
@@ -408,53 +461,44 @@ async def astart_waiting(
         return await sync_to_async(attempt)()
     trying = sync_to_async(_attempting(store, attempt))
     waiting = _Waiting(store, keys, wait)
-    ticket = waiting.ticket
-    ticket.loop = asyncio.get_running_loop()
-    ticket.async_event = asyncio.Event()
-    if not _queued(ticket):
-        try:
-            return await trying()
-        except (ConcurrencyLimitError, _Lost) as failure:
-            waiting.failed(failure)
-    _join(ticket)
+    woken = waiting.ticket.async_event = asyncio.Event()
+    waiting.ticket.loop = asyncio.get_running_loop()
+    moves = _moves(waiting)
     listener: AsyncReleaseListener | None = None
     try:
-        while (remaining := waiting.remaining()) > 0:
-            ticket.async_event.clear()  # before looking: a wake from now on is not lost
-            if not _at_head(ticket):
+        move, seconds = next(moves)
+        while True:
+            answer: _Answer = None
+            if move == _TRY:
+                try:
+                    return await trying()
+                except (ConcurrencyLimitError, _Lost) as failure:
+                    answer = failure
+            elif move == _TURN:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        ticket.async_event.wait(), min(remaining, SAFETY_SECONDS)
-                    )
-                waiting.pause_first = False
-                continue
-            if not waiting.listened:
+                    await asyncio.wait_for(woken.wait(), seconds)
+            elif move == _LISTEN:
                 if listener is not None:
                     with contextlib.suppress(Exception):
                         await listener.close()
                 listener = await _alistener(store, keys)
-                waiting.listening(listener)
-            if waiting.pause_first:
-                pause = waiting.pause(remaining, listener is not None)
+                answer = listener is not None
+            elif move == _PAUSE:
                 if listener is None:
-                    await asyncio.sleep(pause)
-                elif not await _awaited(listener, pause):
-                    listener = None
-                    waiting.listened = False
-                continue
-            try:
-                return await trying()
-            except (ConcurrencyLimitError, _Lost) as failure:
-                waiting.failed(failure)
+                    await asyncio.sleep(seconds)
+                elif not await _awaited(listener, seconds):
+                    listener, answer = None, False
+            elif move == _LAST_TRY:
+                with _unwrapped():
+                    return await trying()
+            else:
+                raise waiting.give_up()
+            move, seconds = moves.send(answer)
     finally:
-        _leave(ticket)
+        moves.close()
         if listener is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(listener.close())
-    if waiting.failure is None:
-        with _unwrapped():
-            return await trying()
-    raise waiting.give_up()
 
 
 __all__ = [
