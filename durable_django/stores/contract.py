@@ -1084,6 +1084,27 @@ class StoreContract:
         assert [t.id for t in store.ticket_line(key)] == [newer.id]  # dropped on admission
         store.drop_ticket(newer.id)
 
+    def test_an_unchecked_fair_start_on_a_taken_id_gets_the_existing_run(
+        self, store: BaseStore
+    ) -> None:
+        # As without a fair quota: the quota counted first, then the run found, nothing
+        # written (PostgreSQL's fair start takes a path of its own, two round trips).
+        key = fresh_ticket_key(store)
+        fair = dataclasses.replace(quota(key, 2), fair_window=3.0)
+        start(store, new_run("taken"))
+        with store.atomic():
+            again = start(store, new_run("taken", input={"n": 2}), fair, check_existing=False)
+        assert again == StartOutcome(False, "wf", "default")
+        assert read(store, "taken").input == {"run": "taken"}
+        assert store.count_runs(tag=fair.tag) == 0
+        with store.atomic(), pytest.raises(ConcurrencyLimitError):
+            start(
+                store,
+                new_run("taken"),
+                dataclasses.replace(fair, limit=0),
+                check_existing=False,
+            )
+
     def test_tickets_are_kept_held_and_purged(self, store: BaseStore) -> None:
         now = timezone.now()
         key = fresh_ticket_key(store)
