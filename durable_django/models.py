@@ -257,8 +257,15 @@ class RunTag(models.Model):
         indexes = [
             models.Index(fields=["tag", "status", "namespace"], name="durable_tag_count_idx"),
             # A rate limit's window: the sum of its key's weights created after a time
-            # reads only the window's entries, never the key's older history.
-            models.Index(fields=["tag", "created_at", "weight"], name="durable_tag_window_idx"),
+            # reads only the window's entries, never the key's older history. Partial,
+            # on the rate limits' rows alone, so that no plan counts a concurrency key
+            # through it (a generic plan on PostgreSQL could: both indexes lead with the
+            # tag). MySQL and MariaDB, without partial indexes, get it whole.
+            models.Index(
+                fields=["tag", "created_at", "weight"],
+                name="durable_tag_window_idx",
+                condition=models.Q(created_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

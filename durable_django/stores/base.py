@@ -813,12 +813,21 @@ def decide_quotas(
     decision = decide_read(
         quotas, units, lambda key: store.ticket_line(key, read_namespace), read_namespace, ticket
     )
-    refusal = decision.refusal
-    if refusal is None or not refusal.quota.rate:
+    if decision.refusal is None:
         return decision
-    window = store.rate_window(refusal.quota, now, read_namespace)
-    refusal = dataclasses.replace(refusal, retry_after=rate_retry_after(refusal.quota, window, now))
+    refusal = timed_refusal(store, decision.refusal, now, read_namespace)
     return dataclasses.replace(decision, refusal=refusal)
+
+
+def timed_refusal(
+    store: BaseStore, refusal: Refusal, now: datetime, read_namespace: str | None
+) -> Refusal:
+    """A rate limit's refusal with its exact ``retry_after``, from its key's window at
+    ``now`` (the time its units were counted at); any other refusal as it is."""
+    if not refusal.quota.rate:
+        return refusal
+    window = store.rate_window(refusal.quota, now, read_namespace)
+    return dataclasses.replace(refusal, retry_after=rate_retry_after(refusal.quota, window, now))
 
 
 def read_units(

@@ -14,7 +14,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.test import override_settings
 
-from durable_django._core.limits import TAG_PREFIX
+from durable_django._core.limits import RATE_TAG_PREFIX, TAG_PREFIX
 from durable_django.stores.postgres import function_definitions, parse_functions, start_text
 
 postgresql_only = pytest.mark.skipif(
@@ -147,13 +147,16 @@ def test_the_single_start_holds_the_rendered_fragments():
         "p_attempt",
         "v_now",
     )
-    tags = start_text.weighed_tags("p_tags", "p_keys", "p_weights")
+    tags = start_text.weighed_tags("p_tags", "p_keys", "p_weights", "p_pers", "v_now")
+    since = "v_now - make_interval(secs => p_pers[i])"
     for fragment in (
         start_text.units("v_tag", "p_statuses[i:i]", "p_read_namespace"),
+        start_text.window_units("v_tag", since, "p_read_namespace"),
         start_text.admits("v_active", "p_weights[i]", "p_limits[i]"),
         start_text.insert_run(row),
         start_text.insert_tags("p_id", "p_namespace", tags),
         f"v_tag := '{TAG_PREFIX}' || p_keys[i];",
+        f"v_tag := '{RATE_TAG_PREFIX}' || p_keys[i];",
     ):
         assert _words(fragment) in single
 
@@ -282,6 +285,7 @@ def test_the_start_function_counts_any_number_of_statuses_each_once_from_the_ind
     rows = [[*ACTIVE, *ACTIVE, "running", "pending", "blocked"]]
     result, plans = explained(START_V2, ["many", ["concurrency:k"], ["k"], [5], [1], rows])
     assert result == [("created", None, 4)]
+    print("\n=====\n".join(plans))
     (count,) = [plan for plan in plans if "durable_tag_count_idx" in plan]
     assert re.search(
         r"Index Cond: \(\(\(tag\)::text = \$\d+\) AND \(\(status\)::text = s\.status\)\)", count

@@ -14,7 +14,7 @@ from django.db.models import JSONField
 from django.utils import timezone
 
 from ..._core.records import NewRun, StartOutcome
-from ..._rules.admission import refused_by
+from ..._rules.admission import Refusal, refused_by
 from ..._rules.concurrency import Quota
 from ..._rules.tickets import Ticket
 from ...models import QuotaLock, Run, RunQuerySet, RunTag, model_field
@@ -318,15 +318,21 @@ def units_query(
 
 
 def routine_outcome(
-    start: StartRequest, row: Sequence[Any], read_namespace: str | None
+    start: StartRequest,
+    row: Sequence[Any],
+    read_namespace: str | None,
+    timed: Callable[[Refusal], Refusal] | None = None,
 ) -> StartOutcome:
     """A server routine's answer to ``start`` (``durable_start_run_v2``,
     ``durable_start_run_mariadb_v1``): its row ``(outcome, refused, active, workflow,
-    namespace)``, the refusal decoded by ``admission.refused_by`` and raised."""
+    namespace)``, the refusal decoded by ``admission.refused_by``, given its exact
+    ``retry_after`` by ``timed`` for a start under a rate limit
+    (``base.timed_refusal``), and raised."""
     outcome, refused, active, workflow, namespace = row
     run = start.run
     if outcome == "refused":
-        raise refused_by(start.quotas, refused, active).error(run.workflow)
+        refusal = refused_by(start.quotas, refused, active)
+        raise (refusal if timed is None else timed(refusal)).error(run.workflow)
     if outcome == "exists":
         return existing_outcome(run, workflow, namespace, read_namespace)
     return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)

@@ -24,7 +24,7 @@ from ...errors import ConcurrencyLimitError
 from ...models import Run, Step, model_field
 from ...status import RunStatus
 from .. import ticket_rows
-from ..base import StartRequest, batch_index, decide_read, existing_outcome
+from ..base import StartRequest, batch_index, decide_read, existing_outcome, timed_refusal
 from ..postgres import arrays, first_start
 from ..postgres.bound import binds_client_side, fetch_one
 from ..postgres.committing import (
@@ -49,6 +49,14 @@ _START_SQL = (
     "SELECT outcome, refused, active, found_workflow, found_namespace FROM "
     "durable_start_run_v2(%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s, %s, "
     "%s::text[], %s::integer[], %s::integer[], %s::text[], %s)"
+)
+#: The same call for a start under a rate limit: each quota's window (``NULL`` for a
+#: concurrency quota) and the start's time, on the starting process's clock.
+_RATED_START_SQL = (
+    "SELECT outcome, refused, active, found_workflow, found_namespace FROM "
+    "durable_start_run_v2(%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s, %s, "
+    "%s::text[], %s::integer[], %s::integer[], %s::text[], %s, "
+    "%s::double precision[], %s::timestamptz)"
 )
 _START_MANY_SQL = (
     "SELECT position, outcome, refused, active, found_workflow, found_namespace "
@@ -199,9 +207,20 @@ class PostgresPath(PortablePath):
             _statuses_literal(tuple(tuple(quota.count_statuses) for quota in quotas)),
             read_namespace,
         ]
-        row = fetch_one(connection, _START_SQL, params)
+        if not any(quota.rate for quota in quotas):
+            row = fetch_one(connection, _START_SQL, params)
+            assert row is not None
+            return routine_outcome(StartRequest(run, quotas, check_existing), row, read_namespace)
+        now = timezone.now()
+        params += [arrays.float_array([quota.per for quota in quotas]), now]
+        row = fetch_one(connection, _RATED_START_SQL, params)
         assert row is not None
-        return routine_outcome(StartRequest(run, quotas, check_existing), row, read_namespace)
+        return routine_outcome(
+            StartRequest(run, quotas, check_existing),
+            row,
+            read_namespace,
+            lambda refusal: timed_refusal(self, refusal, now, read_namespace),
+        )
 
     def _start_by_statements(self, start: StartRequest, read_namespace: str | None) -> StartOutcome:
         """What ``durable_start_run_v2`` does, as the statements of one query string
@@ -449,8 +468,9 @@ def _start_json(start: StartRequest) -> dict[str, Any]:
 def _status_rows(statuses: tuple[tuple[str, ...], ...]) -> tuple[tuple[str | None, ...], ...]:
     """Each quota's counted statuses, one row per quota, padded with ``None`` to the
     longest: the two-dimensional array ``durable_start_run_v2`` takes. A process meets
-    few combinations of counted statuses, and pads each once."""
-    width = max((len(row) for row in statuses), default=0)
+    few combinations of counted statuses, and pads each once. Rows of rate limits alone
+    (which count no status) are one ``None`` wide: an array of empty rows has no rows."""
+    width = max((len(row) for row in statuses), default=0) or (1 if statuses else 0)
     return tuple((*row, *[None] * (width - len(row))) for row in statuses)
 
 

@@ -24,6 +24,12 @@ def integer_array(values: Iterable[int]) -> str:
     return "{" + ",".join(f"{value:d}" for value in values) + "}"
 
 
+def float_array(values: Iterable[float | None]) -> str:
+    """A ``double precision[]`` literal of ``values`` (``None`` is ``NULL``), each written
+    as ``repr`` writes it, which reads back to the same float."""
+    return "{" + ",".join("NULL" if value is None else repr(float(value)) for value in values) + "}"
+
+
 def text_rows(rows: Iterable[Iterable[str | None]]) -> str:
     """A two-dimensional ``text[]`` literal, one row per item of ``rows`` (the rows of
     one length: PostgreSQL refuses ragged ones)."""

@@ -45,6 +45,7 @@ def by_statements(connection: BaseDatabaseWrapper, quotas: Sequence[Quota]) -> b
     _STARTED.add(raw)
     return (
         binds_client_side(raw)
+        and not any(quota.rate for quota in quotas)  # windows are the function's alone
         and len({quota.key for quota in quotas}) == len(quotas)
         and all(quota.weight >= 1 for quota in quotas)
     )

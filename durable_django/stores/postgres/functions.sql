@@ -263,7 +263,9 @@ CREATE OR REPLACE FUNCTION durable_start_run_v2(
     p_limits integer[],
     p_weights integer[],
     p_statuses text[],
-    p_read_namespace text
+    p_read_namespace text,
+    p_pers double precision[] DEFAULT NULL,
+    p_now timestamptz DEFAULT NULL
 ) RETURNS TABLE(
     outcome text, refused integer, active bigint, found_workflow text, found_namespace text
 )
@@ -276,7 +278,7 @@ AS $$
 DECLARE
     v_quotas integer := coalesce(cardinality(p_keys), 0);
     v_active bigint := 0;
-    v_now timestamptz := clock_timestamp();
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
     v_tag text;
 BEGIN
     IF v_quotas > 0 THEN
@@ -288,8 +290,9 @@ BEGIN
         IF v_quotas = 1 THEN
             PERFORM durable_lock_quota_key_v1(p_keys[1]);
         ELSE
-            IF (SELECT count(DISTINCT k) FROM unnest(p_keys) AS k) <> v_quotas THEN
-                RAISE EXCEPTION 'durable_start_run_v2 takes each key once';
+            IF (SELECT count(DISTINCT (q.k, q.per IS NULL)) FROM unnest(p_keys, p_pers) AS q(k, per))
+                <> v_quotas THEN
+                RAISE EXCEPTION 'durable_start_run_v2 takes each key once of each kind';
             END IF;
             PERFORM durable_lock_quota_keys_v1(p_keys);
         END IF;
@@ -307,20 +310,29 @@ BEGIN
             RAISE EXCEPTION 'durable_start_run_v2: weight % of key % is below 1',
                 p_weights[i], p_keys[i];
         END IF;
-        v_tag := 'concurrency:' || p_keys[i];
-        v_active := (
-            SELECT coalesce(sum(c.weight), 0) AS active
-            FROM (
-                SELECT DISTINCT s.status FROM unnest(p_statuses[i:i]) AS s(status)
-                WHERE s.status IS NOT NULL
-            ) AS st
-            CROSS JOIN LATERAL (
-                SELECT t.weight FROM durable_run_tag AS t
-                WHERE t.tag = v_tag AND t.status = st.status
+        IF p_pers[i] IS NULL THEN
+            v_tag := 'concurrency:' || p_keys[i];
+            v_active := (
+                SELECT coalesce(sum(c.weight), 0) AS active
+                FROM (
+                    SELECT DISTINCT s.status FROM unnest(p_statuses[i:i]) AS s(status)
+                    WHERE s.status IS NOT NULL
+                ) AS st
+                CROSS JOIN LATERAL (
+                    SELECT t.weight FROM durable_run_tag AS t
+                    WHERE t.tag = v_tag AND t.status = st.status
+                        AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+                    OFFSET 0
+                ) AS c
+            );
+        ELSE
+            v_tag := 'rate:' || p_keys[i];
+            v_active := (
+                SELECT coalesce(sum(t.weight), 0) AS active FROM durable_run_tag AS t
+                WHERE t.tag = v_tag AND t.created_at > v_now - make_interval(secs => p_pers[i])
                     AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-                OFFSET 0
-            ) AS c
-        );
+            );
+        END IF;
         IF NOT (v_active + p_weights[i] <= p_limits[i]) THEN
             RETURN QUERY SELECT 'refused'::text, i, v_active, NULL::text, NULL::text;
             RETURN;
@@ -341,13 +353,14 @@ BEGIN
             FROM durable_run r WHERE r.id = p_id;
         RETURN;
     END IF;
-    INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)
-    SELECT p_id, t.tag, 'pending', p_namespace, t.weight
+    INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight, created_at)
+    SELECT p_id, t.tag, 'pending', p_namespace, t.weight, t.created_at
     FROM (
-        SELECT t.tag, coalesce(q.weight, 1) FROM unnest(p_tags) AS t(tag)
-        LEFT JOIN unnest(p_keys, p_weights) AS q(key, weight)
-            ON t.tag = 'concurrency:' || q.key
-    ) AS t(tag, weight);
+        SELECT t.tag, coalesce(q.weight, 1), CASE WHEN q.per IS NOT NULL THEN v_now END
+        FROM unnest(p_tags) AS t(tag)
+        LEFT JOIN unnest(p_keys, p_weights, p_pers) AS q(key, weight, per)
+            ON t.tag = CASE WHEN q.per IS NULL THEN 'concurrency:' ELSE 'rate:' END || q.key
+    ) AS t(tag, weight, created_at);
     RETURN QUERY SELECT 'created'::text, NULL::integer, v_active, p_workflow, p_namespace;
 END
 $$;

@@ -6,8 +6,10 @@ the first start on a connection, the same work as plain statements
 compiles the function. Both are made of the fragments here: the index search of one
 (tag, status) (:func:`search`), summed into a quota's units (:func:`units` in the
 function, whose statuses are an argument; :func:`units_of_statuses` in the statements,
-whose statuses are known as they are written), the admission condition (:func:`admits`)
-and the inserts of the run and its tags (:func:`insert_run`, :func:`insert_tags`). The
+whose statuses are known as they are written), a rate limit's units in its window
+(:func:`window_units`, the function's alone: a start under a rate limit always calls it),
+the admission condition (:func:`admits`) and the inserts of the run and its tags
+(:func:`insert_run`, :func:`insert_tags`). The
 set-based batch ``durable_start_runs_v2`` uses :func:`search`, :func:`admits` and
 :func:`insert_run` too.
 
@@ -25,7 +27,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from ..._core.limits import TAG_PREFIX
+from ..._core.limits import RATE_TAG_PREFIX, TAG_PREFIX
 from ..._core.records import NewRun
 from ..._rules.concurrency import Quota
 
@@ -77,6 +79,20 @@ def units_of_statuses(tag: str, statuses: int, namespace: str | None) -> str:
     )
 
 
+def window_units(tag: str, since: str, namespace: str | None) -> str:
+    """A rate limit's units, as one statement: the weights of ``tag``'s rows created after
+    ``since`` (in ``namespace`` unless it is NULL), whatever their status, summed
+    (``active``). ``tag`` and ``created_at`` lead the index on (tag, created_at, weight),
+    so it reads the window's entries alone, never the key's older history."""
+    text = (
+        "SELECT coalesce(sum(t.weight), 0) AS active FROM durable_run_tag AS t\n"
+        f"WHERE t.tag = {tag} AND t.created_at > {since}"
+    )
+    if namespace is not None:
+        text += f"\n    AND ({namespace} IS NULL OR t.namespace = {namespace})"
+    return text
+
+
 def admits(units: str, weight: str, limit: str) -> str:
     """The admission of one quota: its units and the start's weight within its limit."""
     return f"{units} + {weight} <= {limit}"
@@ -111,25 +127,31 @@ def insert_run(row: str, rest: str = "") -> str:
 
 
 def insert_tags(run_id: str, namespace: str, tags: str) -> str:
-    """The insert of a new run's tag rows from ``tags``, a relation of ``(tag, weight)``
-    rows: a quota's tag weighs its quota's weight, any other tag 1 (:func:`weighed_tags`
-    in the function; the statements write the weights as values). ``run_id`` may name a
-    column of a relation ``run`` (the statements' inserted run), which is then read."""
+    """The insert of a new run's tag rows from ``tags``, a relation of ``(tag, weight,
+    created_at)`` rows: a quota's tag weighs its quota's weight, any other tag 1, and a
+    rate limit's tag keeps the run's creation time (:func:`weighed_tags` in the function;
+    the statements, which start under no rate limit, write the values). ``run_id`` may
+    name a column of a relation ``run`` (the statements' inserted run), which is then
+    read."""
     source = "run, " if run_id.startswith("run.") else ""
     return (
-        "INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)\n"
-        f"SELECT {run_id}, t.tag, 'pending', {namespace}, t.weight\n"
-        f"FROM {source}{tags} AS t(tag, weight)"
+        "INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight, created_at)\n"
+        f"SELECT {run_id}, t.tag, 'pending', {namespace}, t.weight, t.created_at\n"
+        f"FROM {source}{tags} AS t(tag, weight, created_at)"
     )
 
 
-def weighed_tags(tags: str, keys: str, weights: str) -> str:
-    """The ``(tag, weight)`` rows of the array ``tags``: a quota's tag ``'concurrency:' ||
-    key`` weighs its weight (``keys`` and ``weights`` parallel arrays), any other tag 1."""
+def weighed_tags(tags: str, keys: str, weights: str, pers: str, now: str) -> str:
+    """The ``(tag, weight, created_at)`` rows of the array ``tags``: a quota's tag weighs
+    its weight (``keys``, ``weights`` and ``pers`` parallel arrays), any other tag 1; a
+    concurrency quota's tag is ``'concurrency:' || key``, a rate limit's (its ``per`` not
+    NULL) ``'rate:' || key``, which keeps ``now``."""
     return (
-        f"(\n    SELECT t.tag, coalesce(q.weight, 1) FROM unnest({tags}) AS t(tag)\n"
-        f"    LEFT JOIN unnest({keys}, {weights}) AS q(key, weight)\n"
-        f"        ON t.tag = '{TAG_PREFIX}' || q.key\n)"
+        f"(\n    SELECT t.tag, coalesce(q.weight, 1), CASE WHEN q.per IS NOT NULL THEN {now} END\n"
+        f"    FROM unnest({tags}) AS t(tag)\n"
+        f"    LEFT JOIN unnest({keys}, {weights}, {pers}) AS q(key, weight, per)\n"
+        f"        ON t.tag = CASE WHEN q.per IS NULL THEN '{TAG_PREFIX}' "
+        f"ELSE '{RATE_TAG_PREFIX}' END || q.key\n)"
     )
 
 
@@ -197,7 +219,7 @@ def statements(
         *params_admitted,
     ]
     if run.tags:
-        values = "(VALUES " + ", ".join("(%s, %s)" for _ in run.tags) + ")"
+        values = "(VALUES " + ", ".join("(%s, %s, NULL::timestamptz)" for _ in run.tags) + ")"
         ctes.append(f"tags AS (\n{insert_tags('run.id', '%s', values)}\n)")
         weights = {TAG_PREFIX + quota.key: quota.weight for quota in quotas}
         params.append(run.namespace)
