@@ -409,6 +409,13 @@ class StoreContract:
         assert read(store, "run-1").weights == {}
         assert store.count_runs(tag=quota_tag("b")) == 0
 
+    def test_set_quota_tags_keeps_the_weights_of_the_other_tags(self, store: BaseStore) -> None:
+        start(store, new_run("run-1"), [quota("a", 9, weight=2), rate("tokens", 9, weight=4)])
+        store.set_quota_tags("run-1", {quota_tag("b"): 3})
+        run = read(store, "run-1")
+        assert run.weights == {quota_tag("b"): 3, rate_tag("tokens"): 4}
+        assert store.rate_units([rate("tokens", 9)], timezone.now(), None) == [4]
+
     # signals ------------------------------------------------------------------------
 
     def test_signals_are_kept_until_taken_oldest_first(self, store: BaseStore) -> None:

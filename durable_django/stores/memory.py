@@ -215,10 +215,11 @@ class MemoryStore(BaseStore):
         with self._lock:
             run = self._runs[run_id]
             tags = [t for t in run.tags if not t.startswith(TAG_PREFIX)]
+            kept = {tag: units for tag, units in run.weights.items() if tag in tags}
             self._runs[run_id] = dataclasses.replace(
                 run,
                 tags=sorted([*tags, *weights]),
-                weights={tag: units for tag, units in weights.items() if units != 1},
+                weights={**kept, **{tag: units for tag, units in weights.items() if units != 1}},
             )
 
     def settle_units(self, run_id: str, tag: str, units: int) -> bool:
