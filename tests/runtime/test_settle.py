@@ -242,3 +242,24 @@ def test_a_settle_after_the_lease_was_lost_settles_nothing(orm_engine):
     assert (run.status, run.lease_owner) == (RunStatus.RUNNING, "another worker")
     assert weight(orm_engine, handle.run_id, "k") == 1
     assert "durable.settle" not in [s.name for s in orm_engine.store.get_steps(handle.run_id)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_settle_commits_with_its_record(orm_engine):
+    """Real commits (on PostgreSQL the record and the COMMIT go together): the weight and
+    the record are both there once the turn ended."""
+
+    def body(ctx, input):
+        used = ctx.step("call the model", lambda: 3)
+        ctx.settle("k", used)
+        return used
+
+    orm_engine.register("wf", "1", body, rate_limit=RateLimit(key=lambda i: "k", limit=9, per=60))
+    handle = orm_engine.start("wf", {})
+    assert orm_engine.execute(handle.run_id)
+    assert orm_engine.get_run(handle.run_id).status == RunStatus.COMPLETED
+    assert weight(orm_engine, handle.run_id, "k") == 3
+    assert [(s.name, s.result) for s in orm_engine.store.get_steps(handle.run_id)] == [
+        ("call the model", 3),
+        ("durable.settle", {"key": "k", "units": 3}),
+    ]
