@@ -415,6 +415,9 @@ class StoreContract:
         run = read(store, "run-1")
         assert run.weights == {quota_tag("b"): 3, rate_tag("tokens"): 4}
         assert store.rate_units([rate("tokens", 9)], timezone.now(), None) == [4]
+        # A tag of the run named in ``weights`` takes the weight given there, 1 included.
+        store.set_quota_tags("run-1", {quota_tag("b"): 3, rate_tag("tokens"): 1})
+        assert read(store, "run-1").weights == {quota_tag("b"): 3}
 
     # signals ------------------------------------------------------------------------
 

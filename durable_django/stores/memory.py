@@ -215,7 +215,7 @@ class MemoryStore(BaseStore):
         with self._lock:
             run = self._runs[run_id]
             tags = [t for t in run.tags if not t.startswith(TAG_PREFIX)]
-            kept = {tag: units for tag, units in run.weights.items() if tag in tags}
+            kept = {t: units for t, units in run.weights.items() if t in tags and t not in weights}
             self._runs[run_id] = dataclasses.replace(
                 run,
                 tags=sorted([*tags, *weights]),
