@@ -13,7 +13,7 @@ from durable_django import Engine
 from durable_django._rules.registry import Registry
 from durable_django.stores import MemoryStore, OrmStore
 
-from .helpers import boom, forget_kept_tickets
+from .helpers import Clock, boom, forget_kept_tickets
 
 if TYPE_CHECKING:
     from .brokers import Broker
@@ -39,6 +39,16 @@ def engine(request: pytest.FixtureRequest, registry: Registry, db: None) -> Engi
     """An engine on the ORM store (the test database) and one on the memory store."""
     store = OrmStore() if request.param == "orm" else MemoryStore()
     return Engine(store=store, registry=registry, enqueue=False)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """Every ``timezone.now()`` reads this clock, which the test moves."""
+    from django.utils import timezone
+
+    driven = Clock()
+    monkeypatch.setattr(timezone, "now", driven)
+    return driven
 
 
 @pytest.fixture

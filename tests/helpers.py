@@ -1,10 +1,11 @@
-"""Small helpers the test modules share: workflow bodies, reading and forcing a run's
-status, the ``durable`` command, and values that cannot be stored. Fixtures live in
+"""Small helpers the test modules share: a driven clock, workflow bodies, reading and
+forcing a run's status, the ``durable`` command, and values that cannot be stored. Fixtures live in
 ``conftest.py``; no test module imports another."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import json
 from collections.abc import Callable, Iterator
@@ -35,6 +36,28 @@ def forget_kept_tickets() -> None:
             cursor.execute("DELETE FROM durable_quota_ticket")
     finally:
         own.close()
+
+
+# time ----------------------------------------------------------------------------------
+
+#: Where a driven clock starts.
+CLOCK_START = datetime.datetime(2030, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
+
+
+class Clock:
+    """The time every ``timezone.now()`` reads, moved by the test (the ``clock`` fixture)."""
+
+    def __init__(self) -> None:
+        self.at = CLOCK_START
+
+    def __call__(self) -> datetime.datetime:
+        return self.at
+
+    def advance(self, seconds: float) -> None:
+        self.at += datetime.timedelta(seconds=seconds)
+
+    def to(self, seconds: float) -> None:
+        self.at = CLOCK_START + datetime.timedelta(seconds=seconds)
 
 
 # workflow bodies -----------------------------------------------------------------------

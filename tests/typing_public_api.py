@@ -142,6 +142,8 @@ def total(ctx: Context, input: dict[str, int]) -> int:
     ctx.step("price", priced, "3")  # type: ignore[arg-type]
     ctx.step("price", priced, 3, curency="USD")  # type: ignore[call-arg]
     ctx.transaction("price", priced, 3, retries="2")  # type: ignore[call-arg]
+    assert_type(ctx.settle("tokens:acme", counted), None)
+    ctx.settle("tokens:acme", "3")  # type: ignore[arg-type]
     return ctx.step("sum", sum, input.values()) + counted
 
 

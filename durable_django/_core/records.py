@@ -43,7 +43,8 @@ class RunRecord:
     ``output`` or ``error``, why it is ``blocked``, when it was created, last updated,
     started and finished, and what a suspended run waits for (``wait``, ``wake_at``)
     and who holds a running one (``lease_owner`` until ``lease_expires_at``); ``weights``
-    holds the units of its quota tags that weigh more than 1."""
+    holds the units of its tags that do not weigh 1 (more, or a rate limit's tag settled
+    lower: :meth:`~durable_django.stores.BaseStore.settle_units`)."""
 
     run_id: str
     workflow: str

@@ -192,6 +192,14 @@ class BaseStore(abc.ABC):
         tags count with the run's current status."""
 
     @abc.abstractmethod
+    def settle_units(self, run_id: str, tag: str, units: int) -> bool:
+        """Make the run's tag ``tag`` weigh ``units`` (``0`` and up) in place of the weight it
+        had, for every count read after it (a rate limit's window keeps the tag's
+        creation time); the run's other tags stay as they are. Returns whether the run has
+        that tag (``False``: nothing changed). A caller in a transaction that also
+        changes the run locks the run first: transitions lock the run, then its tags."""
+
+    @abc.abstractmethod
     def send_signal(self, token: str, payload: Any) -> None:
         """Keep ``payload`` for the first run that waits on ``token``."""
 

@@ -25,7 +25,7 @@ import pytest
 from django.utils import timezone
 
 from .._core.records import NewRun, RunRecord, StartOutcome, StepRecord
-from .._rules.concurrency import DEFAULT_CONCURRENCY_STATUSES, Quota, quota_tag
+from .._rules.concurrency import DEFAULT_CONCURRENCY_STATUSES, Quota, quota_tag, rate_tag
 from .._rules.tickets import KeptTicket, issue
 from ..errors import ConcurrencyLimitError, DurableError, RateLimitError
 from ..status import TERMINAL_STATUSES, RunStatus
@@ -409,6 +409,16 @@ class StoreContract:
         assert read(store, "run-1").weights == {}
         assert store.count_runs(tag=quota_tag("b")) == 0
 
+    def test_set_quota_tags_keeps_the_weights_of_the_other_tags(self, store: BaseStore) -> None:
+        start(store, new_run("run-1"), [quota("a", 9, weight=2), rate("tokens", 9, weight=4)])
+        store.set_quota_tags("run-1", {quota_tag("b"): 3})
+        run = read(store, "run-1")
+        assert run.weights == {quota_tag("b"): 3, rate_tag("tokens"): 4}
+        assert store.rate_units([rate("tokens", 9)], timezone.now(), None) == [4]
+        # A tag of the run named in ``weights`` takes the weight given there, 1 included.
+        store.set_quota_tags("run-1", {quota_tag("b"): 3, rate_tag("tokens"): 1})
+        assert read(store, "run-1").weights == {quota_tag("b"): 3}
+
     # signals ------------------------------------------------------------------------
 
     def test_signals_are_kept_until_taken_oldest_first(self, store: BaseStore) -> None:
@@ -513,6 +523,33 @@ class StoreContract:
         assert [at for at, _ in window] == sorted(created)  # type: ignore[type-var]
         # A concurrency quota of the same key is a quota of its own.
         assert start(store, new_run("run-4"), quota("tokens:acme", 1)).created
+
+    def test_settled_units_replace_the_weight_in_the_window(self, store: BaseStore) -> None:
+        per_minute = rate("tokens:acme", 10, weight=6)
+        start(store, new_run("run-1", tags=("user",)), [per_minute, rate("other", 10, weight=3)])
+        with pytest.raises(RateLimitError):
+            start(store, new_run("run-2"), per_minute)
+        created = read(store, "run-1").created_at
+        assert store.settle_units("run-1", per_minute.tag, 2)
+        now = timezone.now()
+        assert store.rate_units([per_minute, rate("other", 1)], now, None) == [2, 3]
+        assert store.rate_window(per_minute, now, None) == [(created, 2)]
+        assert read(store, "run-1").weights == {per_minute.tag: 2, "rate:other": 3}
+        assert start(store, new_run("run-2"), per_minute).created  # 2 + 6 fit in 10
+        # Settling the units it already weighs still finds the tag; 0 frees them all.
+        assert store.settle_units("run-1", per_minute.tag, 2)
+        assert store.settle_units("run-1", per_minute.tag, 0)
+        assert store.rate_units([per_minute], timezone.now(), None) == [6]
+        # More than reserved, even past the limit: the window holds what was used.
+        assert store.settle_units("run-2", per_minute.tag, 12)
+        assert store.rate_units([per_minute], timezone.now(), None) == [12]
+        assert store.settle_units("run-2", per_minute.tag, 1)
+        assert read(store, "run-2").weights == {}
+        assert read(store, "run-1").tags == sorted(["user", per_minute.tag, "rate:other"])
+        # A tag the run does not have, or a run that does not exist: nothing changes.
+        assert not store.settle_units("run-1", rate_tag("tokens:globex"), 1)
+        assert not store.settle_units("no-such-run", per_minute.tag, 1)
+        assert store.rate_units([per_minute], timezone.now(), None) == [1]
 
     def test_a_rate_limit_and_a_quota_admit_all_or_nothing(self, store: BaseStore) -> None:
         slot, window = quota("k", 1), rate("k", 1)

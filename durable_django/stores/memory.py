@@ -215,11 +215,23 @@ class MemoryStore(BaseStore):
         with self._lock:
             run = self._runs[run_id]
             tags = [t for t in run.tags if not t.startswith(TAG_PREFIX)]
+            kept = {t: units for t, units in run.weights.items() if t in tags and t not in weights}
             self._runs[run_id] = dataclasses.replace(
                 run,
                 tags=sorted([*tags, *weights]),
-                weights={tag: units for tag, units in weights.items() if units != 1},
+                weights={**kept, **{tag: units for tag, units in weights.items() if units != 1}},
             )
+
+    def settle_units(self, run_id: str, tag: str, units: int) -> bool:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None or tag not in run.tags:
+                return False
+            weights = {t: w for t, w in run.weights.items() if t != tag}
+            if units != 1:
+                weights[tag] = units
+            self._runs[run_id] = dataclasses.replace(run, weights=weights)
+            return True
 
     def send_signal(self, token: str, payload: Any) -> None:
         with self._lock:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-from collections.abc import Iterator
 
 import pytest
 from django.utils import timezone
@@ -27,31 +26,6 @@ from durable_django.http import too_many_requests
 from durable_django.testing import run_until_idle
 
 from ..helpers import echo, force_status
-
-START = datetime.datetime(2030, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
-
-
-class Clock:
-    """The time every ``timezone.now()`` reads, moved by the test."""
-
-    def __init__(self) -> None:
-        self.at = START
-
-    def __call__(self) -> datetime.datetime:
-        return self.at
-
-    def advance(self, seconds: float) -> None:
-        self.at += datetime.timedelta(seconds=seconds)
-
-    def to(self, seconds: float) -> None:
-        self.at = START + datetime.timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
-    driven = Clock()
-    monkeypatch.setattr(timezone, "now", driven)
-    yield driven
 
 
 def refused(engine: Engine, *args: object, **kwargs: object) -> RateLimitError:

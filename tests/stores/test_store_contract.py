@@ -78,6 +78,18 @@ class CountsRunsNotUnits(MemoryStore):
         ]
 
 
+class SettlesEveryTagOfTheRun(MemoryStore):
+    """Settles the units on every tag of the run: one key's settle changes the others."""
+
+    def settle_units(self, run_id: str, tag: str, units: int) -> bool:
+        run = self.get_run(run_id)
+        if run is None or tag not in run.tags:
+            return False
+        for other in run.tags:
+            super().settle_units(run_id, other, units)
+        return True
+
+
 class ChecksTheFirstQuotaOnly(MemoryStore):
     """Checks the first quota of a list only: a start over another key's limit gets in."""
 
@@ -160,6 +172,7 @@ def test_the_memory_store_passes_when_called_directly():
             },
         ),
         (ChecksTheFirstQuotaOnly, {"test_a_start_under_several_quotas_needs_every_one"}),
+        (SettlesEveryTagOfTheRun, {"test_settled_units_replace_the_weight_in_the_window"}),
         (LosesTakenSignals, {"test_a_signal_whose_record_fails_stays_kept"}),
         (PurgesTheWrongEnd, {"test_purge_runs_goes_by_id_in_batches"}),
     ],

@@ -8,8 +8,9 @@ it again. A call that must wait raises :class:`Suspend`, which ends the turn wit
 
 The package's modules, one job each: :mod:`.context` (the ``Context`` a body receives),
 :mod:`.control` (how a turn ends early), :mod:`.lease` (the lease keeper thread),
-:mod:`.turn` (the turn driver: claim, run, end, hand back, after the turn) and
-:mod:`.payloads` (errors and refusals as stored JSON).
+:mod:`.turn` (the turn driver: claim, run, end, hand back, after the turn),
+:mod:`.settling` (``ctx.settle``'s rules and record) and :mod:`.payloads` (errors and
+refusals as stored JSON).
 """
 
 from ..._core.context import current_context

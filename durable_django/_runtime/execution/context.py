@@ -52,6 +52,7 @@ from ...status import TERMINAL_STATUSES, RunStatus
 from .. import starting
 from ..handles import RunHandle, WorkflowRef
 from ..starting.options import StartOptions
+from . import settling
 from .control import DatabaseLost, LeaseLost, Suspend, TimeUp
 from .payloads import error_payload, refusal_from, refusal_payload
 
@@ -414,6 +415,44 @@ class Context:
         )
         if timezone.now() < until:
             raise Suspend({"sleep": until.isoformat()}, until)
+
+    def settle(self, key: str, units: int) -> None:
+        """Count ``units`` for this run in rate limit ``key``'s window, in place of the
+        weight its start reserved there: what the run really used (reserve ``max_tokens``
+        at the start, settle the tokens the model returned). Returns ``None``.
+
+        Effective at once for the next start's count under ``key``, whose window still
+        places the run at its creation time. ``units`` may be more than was reserved: the
+        window then holds what was used, over the limit if need be, until it leaves. The
+        update and its record commit together, as :meth:`transaction`'s do, so a replay
+        settles nothing again; it must call ``settle`` with the same ``key`` and ``units``
+        (else :class:`NonDeterminismError`).
+
+        ``key`` must be one of the keys this run started under (a ``ValueError`` names
+        them), ``units`` an ``int`` from 0 to the highest limit.
+        """
+        tag = settling.settled_tag(self.run, key)
+        units = settling.settled_units(units)
+        position, recorded = self._next(settling.SETTLE_STEP, flush=False)
+        if recorded is not None:
+            self._flush()
+            settling.check_replayed(self.run_id, position, recorded.result, key, units)
+            return
+        step = StepRecord(position, settling.SETTLE_STEP)
+        result = self._in_transaction(step, False, self._settle_held, (key, tag, units), {})
+        self._recorded[position] = dataclasses.replace(step, result=result)
+
+    def _settle_held(self, key: str, tag: str, units: int) -> dict[str, Any]:
+        """In the settle's transaction: the holder's check first, which locks the run's
+        row before its tag row (the order a transition takes them: a concurrent cancel
+        then waits rather than deadlocks), then the tag's new weight."""
+        store = self.engine.store
+        self._check_held(
+            store.transition(self.run_id, [RunStatus.RUNNING], RunStatus.RUNNING, owner=self.owner)
+        )
+        if not store.settle_units(self.run_id, tag, units):
+            raise DurableError(f"run {self.run_id!r} no longer has its tag {tag!r}")
+        return settling.settle_record(key, units)
 
     def wait_for_signal(self, token: str, timeout: float | datetime.timedelta | None = None) -> Any:
         """Suspend until ``engine.signal(token, payload)``; return the payload.

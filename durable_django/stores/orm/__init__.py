@@ -472,6 +472,11 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
                 if tag not in present
             )
 
+    def settle_units(self, run_id: str, tag: str, units: int) -> bool:
+        """One ``UPDATE`` of the run's tag row."""
+        rows = RunTag.objects.using(self.using).filter(run_id=run_id, tag=tag)
+        return bool(rows.update(weight=units))
+
     def quota_keys(
         self, statuses: Collection[str], namespace: str | None
     ) -> dict[str, dict[str, int]]:
