@@ -4,10 +4,12 @@ The admission rule is written once in Python (``durable_django._rules.admission`
 each SQL routine that starts runs in one round trip. A seeded generator makes random
 scenarios of single starts, batches, retries, status changes and fair quotas' tickets;
 each operation is applied to a ``MemoryStore`` and to ``OrmStore`` on one of its paths
-(each inside ``transaction.atomic()``, a caller's transaction), and every outcome is
-compared, then the runs and their tag rows.
+(each inside ``transaction.atomic()``, a caller's transaction, which commits: the test is
+transactional, as the kept tickets written on a connection of their own need), and every
+outcome is compared, then the runs and their tag rows.
 
-The paths: on PostgreSQL ``durable_start_run_v2`` (a connection that has started before),
+Quotas of both kinds are drawn, a rate limit and a concurrency quota sharing a key
+at times. The paths: on PostgreSQL ``durable_start_run_v2`` (a connection that has started before),
 the first start's statements (``first_start``: every start a connection's first), the
 set-based batch (``durable_start_runs_v2``, on both) and the portable path; on MySQL and
 MariaDB the procedure and the portable path; on SQLite the portable path.
@@ -78,7 +80,7 @@ def store(
     request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
     kept_tickets_forgotten: None,
-    db: None,
+    transactional_db: None,
 ) -> Iterator[OrmStore]:
     if request.param == "statements":
         monkeypatch.setattr(first_start, "_STARTED", _NoConnectionHasStarted())
@@ -109,6 +111,11 @@ class Scenario:
         if draw.random() < 0.25:
             fair = Quota(self.fair_key, draw.randint(1, 3), COUNTED[0], draw.randint(1, 2), 3.0)
             quotas.insert(draw.randint(0, len(quotas)), fair)
+        # Rate limits, on keys a concurrency quota of the start may share: their window
+        # (an hour) holds every run of the scenario, whatever its status.
+        for key in draw.sample(self.keys, draw.choice([0, 0, 0, 1, 2])):
+            rate = Quota(key, draw.randint(0, 6), (), draw.randint(1, 3), per=3600.0)
+            quotas.insert(draw.randint(0, len(quotas)), rate)
         return quotas
 
     def element(self) -> Element:
