@@ -1,6 +1,7 @@
 """What a start costs: the plain start, the quota-checked start, the quota-checked
-start on a key with a long finished history, a start under three quotas and a weighted
-start, side by side, against a plain view's insert and ``.delay()`` (on a kept and on a
+start on a key with a long finished history, a start under three quotas, a weighted
+start, a start under a rate limit (on a fresh key and on one with a long history), side
+by side, against a plain view's insert and ``.delay()`` (on a kept and on a
 new connection) and Procrastinate's ``defer``; then batches of starts (``dispatch_many``)
 against Procrastinate's ``batch_defer``.
 
@@ -64,6 +65,11 @@ QUEUE = "durable_bench"
 INPUT_SMALL = {"tenant": "small", "message": "hello"}
 INPUT_HISTORY = {"tenant": "history", "message": "hello"}
 HISTORY_TAG = "concurrency:bench:history"
+#: The rate limit's tag of the history key: its runs' rows, all outside the window.
+RATE_HISTORY_TAG = "rate:bench:history"
+#: The rate limit's window, in seconds: short, so that a window holds the starts of the
+#: last moment only, as a limit of a few hundred per minute would.
+RATE_PER = 1.0
 SMALL_TAG = "concurrency:bench:small"
 #: The keys of the start under three quotas, and of the weighted start.
 MULTI_KEYS = ["bench:multi:tenant", "bench:multi:user", "bench:multi:gpu"]
@@ -228,6 +234,19 @@ def insert_history(count: int) -> None:
                 FROM generate_series(%s, %s) AS g
                 """,
                 [HISTORY_TAG, have + 1, count],
+            )
+        cursor.execute("SELECT count(*) FROM durable_run_tag WHERE tag = %s", [RATE_HISTORY_TAG])
+        have = cursor.fetchone()[0]
+        if have < count:
+            # The same runs under the rate limit's key, created an hour and more ago.
+            cursor.execute(
+                """
+                INSERT INTO durable_run_tag (run_id, tag, status, namespace, created_at)
+                SELECT 'history-' || g, %s, 'completed', 'default',
+                    now() - ((g + 3600) || ' seconds')::interval
+                FROM generate_series(%s, %s) AS g
+                """,
+                [RATE_HISTORY_TAG, have + 1, count],
             )
         cursor.execute("VACUUM ANALYZE durable_run")
         cursor.execute("VACUUM ANALYZE durable_run_tag")
@@ -532,7 +551,7 @@ def main() -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from durable_django import Concurrency, Engine
+    from durable_django import Concurrency, Engine, RateLimit
     from durable_django._rules.registry import Registry
     from durable_django._runtime.publishing import publish_run
     from durable_django.engines import send_run
@@ -572,6 +591,7 @@ def main() -> None:
     quota = Concurrency(key=tenant_key, limit=1_000_000)
     three = [Concurrency(key=lambda i, key=key: key, limit=1_000_000) for key in MULTI_KEYS]
     weighted = Concurrency(key=lambda i: WEIGHTED_KEY, limit=1_000_000, weight=lambda i: 3)
+    rate = RateLimit(key=tenant_key, limit=1_000_000, per=RATE_PER)
 
     def engine(
         *, fast_path: bool = True, enqueue: bool = True, store=None, publish: str = "background"
@@ -608,6 +628,7 @@ def main() -> None:
     fast.register("bench.quota", "1", noop, concurrency=quota)
     fast.register("bench.three", "1", noop, concurrency=three)
     fast.register("bench.weighted", "1", noop, concurrency=weighted)
+    fast.register("bench.rate", "1", noop, rate_limit=rate)
 
     def raw_orm() -> None:
         run_id = uuid.uuid4().hex
@@ -670,6 +691,12 @@ def main() -> None:
             "c  start, quota, 1M-history key", lambda: fast.start("bench.quota", INPUT_HISTORY)
         ),
         "m": Variant("m  start, 3 quotas", lambda: fast.start("bench.three", INPUT_SMALL)),
+        "r": Variant("r  start, rate limit", lambda: fast.start("bench.rate", INPUT_SMALL)),
+        "rh": Variant(
+            "rh start, rate limit, 1M-history key",
+            lambda: fast.start("bench.rate", INPUT_HISTORY),
+        ),
+        "pr": Variant("   portable: rate limit", lambda: portable.start("bench.rate", INPUT_SMALL)),
         "w": Variant(
             "w  start, quota, weight 3", lambda: fast.start("bench.weighted", INPUT_SMALL)
         ),
@@ -859,6 +886,9 @@ def main() -> None:
         ("bi", "b", None),
         ("bt", "b", None),
         ("m", "b", "<= 1.3"),
+        ("r", "b", "<= 1.15"),
+        ("rh", "r", "<= 1.1"),
+        ("pr", "r", None),
         ("w", "b", "<= 1.05"),
         ("pb", "pa", None),
         ("pc", "pb", None),
