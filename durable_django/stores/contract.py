@@ -418,6 +418,17 @@ class StoreContract:
         # A tag of the run named in ``weights`` takes the weight given there, 1 included.
         store.set_quota_tags("run-1", {quota_tag("b"): 3, rate_tag("tokens"): 1})
         assert read(store, "run-1").weights == {quota_tag("b"): 3}
+        assert read(store, "run-1").tags.count(rate_tag("tokens")) == 1
+
+    def test_a_rate_tag_set_later_counts_from_the_runs_creation(self, store: BaseStore) -> None:
+        # A retry under a rate limit the run did not start under: its tag counts in the
+        # window from the run's creation time, as if the run had started under it.
+        start(store, new_run("run-1"))
+        store.set_quota_tags("run-1", {rate_tag("later"): 2})
+        created = read(store, "run-1").created_at
+        assert created is not None
+        assert store.rate_units([rate("later", 9)], timezone.now(), None) == [2]
+        assert store.rate_window(rate("later", 9), timezone.now(), None) == [(created, 2)]
 
     # signals ------------------------------------------------------------------------
 

@@ -218,7 +218,7 @@ class MemoryStore(BaseStore):
             kept = {t: units for t, units in run.weights.items() if t in tags and t not in weights}
             self._runs[run_id] = dataclasses.replace(
                 run,
-                tags=sorted([*tags, *weights]),
+                tags=sorted({*tags, *weights}),
                 weights={**kept, **{tag: units for tag, units in weights.items() if units != 1}},
             )
 

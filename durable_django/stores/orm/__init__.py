@@ -20,7 +20,7 @@ from django.db import DatabaseError, IntegrityError, OperationalError, connectio
 from django.db.models import OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
-from ..._core.limits import TAG_PREFIX
+from ..._core.limits import RATE_TAG_PREFIX, TAG_PREFIX
 from ..._core.records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..._rules.admission import window_start
 from ..._rules.concurrency import Quota
@@ -454,7 +454,7 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
             ).delete()
             if not weights:
                 return
-            run = self._runs().only("status", "namespace").get(pk=run_id)
+            run = self._runs().only("status", "namespace", "created_at").get(pk=run_id)
             present = set(
                 tags.filter(run_id=run_id, tag__in=list(weights)).values_list("tag", flat=True)
             )
@@ -467,6 +467,8 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
                     status=run.status,
                     namespace=run.namespace,
                     weight=units,
+                    # A rate limit's tag keeps the run's creation time, as a start's does.
+                    created_at=run.created_at if tag.startswith(RATE_TAG_PREFIX) else None,
                 )
                 for tag, units in weights.items()
                 if tag not in present
