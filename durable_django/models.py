@@ -261,10 +261,10 @@ class RunTag(models.Model):
             # on the rate limits' rows alone, so that no plan counts a concurrency key
             # through it (a generic plan on PostgreSQL could: both indexes lead with the
             # tag). MySQL and MariaDB, without partial indexes, get it whole.
-            models.Index(
+            PartialIndex(
                 fields=["tag", "created_at", "weight"],
                 name="durable_tag_window_idx",
-                condition=models.Q(created_at__isnull=False),
+                where=Q(created_at__isnull=False),
             ),
         ]
 

@@ -141,7 +141,7 @@ class Migration(migrations.Migration):
                 'verbose_name': 'run tag',
                 'verbose_name_plural': 'run tags',
                 'db_table': 'durable_run_tag',
-                'indexes': [models.Index(fields=['tag', 'status', 'namespace'], name='durable_tag_count_idx'), models.Index(condition=models.Q(('created_at__isnull', False)), fields=['tag', 'created_at', 'weight'], name='durable_tag_window_idx')],
+                'indexes': [models.Index(fields=['tag', 'status', 'namespace'], name='durable_tag_count_idx'), durable_django.models.PartialIndex(fields=['tag', 'created_at', 'weight'], name='durable_tag_window_idx', where=models.Q(('created_at__isnull', False)))],
                 'constraints': [models.UniqueConstraint(fields=('run', 'tag'), name='durable_run_tag_unique')],
             },
         ),
