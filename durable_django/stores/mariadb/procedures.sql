@@ -43,11 +43,15 @@
 -- 4. for each quota of p_quotas (a JSON array, in declaration order, of [tag, limit,
 --    weight, [statuses]], any number of statuses, each counted once), the sum of the
 --    weights of the tag's rows in those statuses (in p_read_namespace when given), read
---    from the (tag, status, namespace) index by tag and status; the first whose sum and
---    weight exceed its limit returns 'refused', its 1-based position and the sum, with
---    nothing written (its own transaction rolled back);
+--    from the (tag, status, namespace) index by tag and status; for a rate limit, [tag,
+--    limit, weight, [], per], the sum of the weights of the tag's rows created after
+--    p_now less per seconds, whatever their status, read from the (tag, created_at,
+--    weight) index; the first whose sum and weight exceed its limit returns 'refused',
+--    its 1-based position and the sum, with nothing written (its own transaction rolled
+--    back);
 -- 5. the run ('pending', created_at and updated_at p_now) and its tags (p_tags, a JSON
---    array of [tag, weight]) are inserted, its own transaction committed, and 'created'
+--    array of [tag, weight], and [tag, weight, 1] for a rate limit's tag, whose row keeps
+--    created_at p_now) are inserted, its own transaction committed, and 'created'
 --    returned.
 --
 -- The result is one row, durable_start_run_v2's on PostgreSQL: outcome, refused, active,
@@ -83,6 +87,7 @@ body: BEGIN
     DECLARE v_active BIGINT DEFAULT 0;
     DECLARE v_limit BIGINT;
     DECLARE v_weight BIGINT;
+    DECLARE v_per DOUBLE;
     DECLARE v_path VARCHAR(32) CHARACTER SET utf8mb4;
     DECLARE v_key VARCHAR(255) {charset:durable_quota_lock.key};
     DECLARE v_tag VARCHAR(255) {charset:durable_run_tag.tag};
@@ -164,13 +169,21 @@ body: BEGIN
         SET v_tag = JSON_VALUE(p_quotas, CONCAT(v_path, '[0]'));
         SET v_limit = JSON_VALUE(p_quotas, CONCAT(v_path, '[1]'));
         SET v_weight = JSON_VALUE(p_quotas, CONCAT(v_path, '[2]'));
-        SELECT COALESCE(SUM(t.weight), 0) INTO v_active FROM durable_run_tag AS t
-            WHERE t.tag = v_tag
-                AND t.status IN (SELECT j.status FROM JSON_TABLE(
-                    JSON_EXTRACT(p_quotas, CONCAT(v_path, '[3]')), '$[*]'
-                    COLUMNS (status VARCHAR(16) {charset:durable_run_tag.status} PATH '$')
-                ) AS j)
-                AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace);
+        SET v_per = JSON_VALUE(p_quotas, CONCAT(v_path, '[4]'));
+        IF v_per IS NULL THEN
+            SELECT COALESCE(SUM(t.weight), 0) INTO v_active FROM durable_run_tag AS t
+                WHERE t.tag = v_tag
+                    AND t.status IN (SELECT j.status FROM JSON_TABLE(
+                        JSON_EXTRACT(p_quotas, CONCAT(v_path, '[3]')), '$[*]'
+                        COLUMNS (status VARCHAR(16) {charset:durable_run_tag.status} PATH '$')
+                    ) AS j)
+                    AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace);
+        ELSE
+            SELECT COALESCE(SUM(t.weight), 0) INTO v_active FROM durable_run_tag AS t
+                WHERE t.tag = v_tag
+                    AND t.created_at > p_now - INTERVAL ROUND(v_per * 1000000) MICROSECOND
+                    AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace);
+        END IF;
         IF v_active + v_weight > v_limit THEN
             IF p_own_transaction THEN
                 ROLLBACK;
@@ -192,9 +205,11 @@ body: BEGIN
     SET v_i = 0;
     WHILE v_i < v_tags DO
         SET v_path = CONCAT('$[', v_i, ']');
-        INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight) VALUES (
+        INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight, created_at)
+        VALUES (
             p_id, JSON_VALUE(p_tags, CONCAT(v_path, '[0]')), 'pending', p_namespace,
-            JSON_VALUE(p_tags, CONCAT(v_path, '[1]'))
+            JSON_VALUE(p_tags, CONCAT(v_path, '[1]')),
+            IF(JSON_VALUE(p_tags, CONCAT(v_path, '[2]')) IS NULL, NULL, p_now)
         );
         SET v_i = v_i + 1;
     END WHILE;

@@ -147,14 +147,14 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
     ) -> StartOutcome:
         # The server-side starts know no fair quota's tickets: a fair start reads them
         # in Python, on PostgreSQL in two round trips, elsewhere on the portable path. A
-        # start under a rate limit takes PostgreSQL's function (which counts windows
-        # too), elsewhere the portable path.
+        # start under a rate limit takes PostgreSQL's function or MariaDB's procedure,
+        # which count windows too; elsewhere (SQLite, MySQL) the portable path.
         rated = any(quota.rate for quota in quotas)
         server_side = not any(quota.fair for quota in quotas)
         if server_side and self._fast():
             return self._start_on_postgresql(run, quotas, check_existing, read_namespace)
         try:
-            if server_side and not rated and self._procedure():
+            if server_side and self._procedure():
                 return self._start_on_mariadb(
                     StartRequest(run, quotas, check_existing), read_namespace
                 )

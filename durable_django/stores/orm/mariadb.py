@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
@@ -16,7 +17,7 @@ from django.utils import timezone
 from ..._core.records import StartOutcome
 from ...errors import DurableError
 from ...models import QuotaLock, Run, model_field
-from ..base import StartRequest
+from ..base import StartRequest, timed_refusal
 from .portable import PortablePath, in_callers_transaction, portable_sql, routine_outcome
 
 
@@ -77,7 +78,8 @@ class MariadbPath(PortablePath):
         """
         connection = connections[self.using]
         keys = sorted({quota.key for quota in start.quotas})
-        params = _procedure_params(connection, start, keys, read_namespace)
+        now = timezone.now()
+        params = _procedure_params(connection, start, keys, read_namespace, now)
         own = not in_callers_transaction(connection)
         for attempt in (1, 2):
             params[-1] = own
@@ -99,7 +101,12 @@ class MariadbPath(PortablePath):
                 rows = QuotaLock.objects.using(self.using).filter(key__in=keys)
                 existing = set(rows.values_list("key", flat=True))
                 insert_lock_rows_apart(connection, [key for key in keys if key not in existing])
-        return routine_outcome(start, row, read_namespace)
+        return routine_outcome(
+            start,
+            row,
+            read_namespace,
+            lambda refusal: timed_refusal(self, refusal, now, read_namespace),
+        )
 
 
 def insert_lock_row(connection: BaseDatabaseWrapper, key: str) -> None:
@@ -158,10 +165,14 @@ def _procedure_params(
     start: StartRequest,
     keys: list[str],
     read_namespace: str | None,
+    now: datetime,
 ) -> list[Any]:
-    """The arguments of ``durable_start_run_mariadb_v1``, the last one (whether the
-    procedure runs a transaction of its own) left for the caller to set."""
+    """The arguments of ``durable_start_run_mariadb_v1`` for a start at ``now`` (the
+    starting process's clock, which stamps the run and reads the rate limits' windows),
+    the last one (whether the procedure runs a transaction of its own) left for the
+    caller to set."""
     run, quotas = start.run, start.quotas
+    rated = run.rate_tags
     return [
         run.run_id,
         start.check_existing,
@@ -169,20 +180,29 @@ def _procedure_params(
         run.version,
         run.namespace,
         model_field(Run, "input", JSONField).get_db_prep_save(run.input, connection),
-        json.dumps([[tag, run.weights.get(tag, 1)] for tag in run.tags], ensure_ascii=False),
+        json.dumps(
+            [[tag, run.weights.get(tag, 1), *([1] if tag in rated else [])] for tag in run.tags],
+            ensure_ascii=False,
+        ),
         run.queue,
         run.parent_id,
         run.attempt,
         json.dumps(keys, ensure_ascii=False),
         json.dumps(
             [
-                [quota.tag, quota.limit, quota.weight, list(dict.fromkeys(quota.count_statuses))]
+                [
+                    quota.tag,
+                    quota.limit,
+                    quota.weight,
+                    list(dict.fromkeys(quota.count_statuses)),
+                    *([] if quota.per is None else [quota.per]),
+                ]
                 for quota in quotas
             ],
             ensure_ascii=False,
         ),
         read_namespace,
-        connection.ops.adapt_datetimefield_value(timezone.now()),
+        connection.ops.adapt_datetimefield_value(now),
         None,
     ]
 
