@@ -1,11 +1,17 @@
 """A rate limit key's window as ``engine.rate_usage`` shows it: the units its runs used in
 the last ``per`` seconds whatever became of them, the limit and ``per`` its workflows
 declare, and when a start of weight 1 next fits; on the ORM store (each test database)
-and the memory store, with a driven clock."""
+and the memory store, with a driven clock. ``durable quota`` shows the same windows."""
 
 from __future__ import annotations
 
+import io
+import json
+
+from django.core.management import call_command
+
 from durable_django import Engine, RateLimit, RunStatus
+from durable_django import engine as default_engine
 
 from ..helpers import echo, force_status
 
@@ -97,3 +103,73 @@ def test_an_idle_or_unknown_key_and_a_failing_limit_function(engine, clock):
         None,
     )
     assert by_key["tenant:acme"].used == 1  # the per-start rate limit replaced the declared
+
+
+# manage.py durable quota ---------------------------------------------------------------
+
+
+def durable_quota(*args: str) -> str:
+    out = io.StringIO()
+    call_command("durable", "quota", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_the_command_shows_the_rate_windows_after_the_quotas(db, clock):
+    plans = {"tenant:acme": 3}
+    definition = default_engine.register(
+        "tests.rated",
+        "1",
+        echo,
+        rate_limit=RateLimit(key=lambda i: i["key"], limit=lambda key: plans[key], per=60),
+    )
+    try:
+        clock.to(0)
+        default_engine.start("tests.rated", {"key": "tenant:acme"})
+        default_engine.start("tests.echo", {"key": "tenant:acme"})  # a concurrency quota
+        clock.to(10)
+        default_engine.start("tests.rated", {"key": "tenant:acme"})
+        default_engine.start("tests.rated", {"key": "tenant:acme"})
+        plans["tenant:gone"] = 1
+        default_engine.start("tests.rated", {"key": "tenant:gone"})
+        del plans["tenant:gone"]
+        clock.to(25)
+        table = durable_quota()
+        one = durable_quota("tenant:acme")
+        as_json = json.loads(durable_quota("tenant:acme", "--json"))
+        clock.to(65)  # the run of second 0 left the window: one unit free
+        later = durable_quota("tenant:acme")
+        clock.to(200)
+        idle = durable_quota()
+    finally:
+        default_engine.registry.remove(definition.name)
+    assert table == (
+        "KEY          ACTIVE  LIMIT  USE                WORKFLOWS\n"
+        "tenant:acme       1      3  [###-------]  33%  tests.echo\n"
+        "\n"
+        "RATE KEY     USED  LIMIT  PER  USE                NEXT UNIT  WORKFLOWS\n"
+        "tenant:acme     3     3*  60s  [##########] full  in 35.0s   tests.rated\n"
+        "tenant:gone     1      !    -  -                  -          tests.rated\n"
+        "\n"
+        "* computed per key (the workflow's limit function, called with the key)\n"
+        "! rate tenant:gone: limit function failed: KeyError: 'tenant:gone'\n"
+    )
+    assert one.splitlines()[3:5] == [
+        "RATE KEY     USED  LIMIT  PER  USE                NEXT UNIT  WORKFLOWS",
+        "tenant:acme     3     3*  60s  [##########] full  in 35.0s   tests.rated",
+    ]
+    assert as_json[1] == {
+        "kind": "rate",
+        "key": "tenant:acme",
+        "tag": "rate:tenant:acme",
+        "used": 3,
+        "limit": 3,
+        "per": 60.0,
+        "full": True,
+        "retry_after": 35.0,
+        "workflows": ["tests.rated"],
+        "limit_computed": True,
+        "limit_error": None,
+    }
+    assert as_json[0]["kind"] == "concurrency" and len(as_json) == 2
+    assert "tenant:acme     2     3*  60s  [#######---]  67%  free       tests.rated" in later
+    assert idle.splitlines()[-1] == "tenant:acme       1      3  [###-------]  33%  tests.echo"
