@@ -284,6 +284,12 @@ def quota_usage(engine: Runtime, key: str | None = None) -> list[QuotaUsage]:
     return sorted(usage, key=lambda u: (-u.active, u.key))
 
 
+def has_window(usage: RateUsage) -> bool:
+    """Whether a rate key is worth showing beside a quota key of the same name: runs in
+    its window, or a limit declared for it (found, or failed)."""
+    return bool(usage.used) or usage.limit is not None or usage.limit_error is not None
+
+
 def rate_usage(engine: Runtime, key: str | None = None) -> list[RateUsage]:
     """Every rate limit key with runs inside its window (or just ``key``, busy or not),
     busiest first: one grouped read of the rate tags created in the engine's longest

@@ -10,7 +10,7 @@ from django.core.management.base import CommandParser
 
 from ..._runtime import estimates
 from ..._runtime.estimates import Estimate
-from ..._runtime.usage import QuotaUsage, RateUsage, estimate_for
+from ..._runtime.usage import QuotaUsage, RateUsage, estimate_for, has_window
 from ...tasks_backend import shown_usage
 from .base import Subcommand
 
@@ -105,12 +105,6 @@ def usage_json(u: QuotaUsage) -> dict[str, Any]:
         "limit_computed": u.limit_computed,
         "limit_error": u.limit_error,
     }
-
-
-def has_window(u: RateUsage) -> bool:
-    """Whether a rate key is worth showing: runs in its window, or a limit declared for
-    it (found, or failed)."""
-    return bool(u.used) or u.limit is not None or u.limit_error is not None
 
 
 def rate_json(u: RateUsage) -> dict[str, Any]:
