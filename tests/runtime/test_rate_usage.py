@@ -71,7 +71,7 @@ def test_the_window_boundary(engine, clock):
     assert idle.workflows == ("chat",)  # from the key's latest runs
 
 
-def test_an_idle_or_unknown_key_and_a_failing_limit_function(engine, clock):
+def test_an_unknown_key_a_failing_limit_function_and_a_per_start_key(engine, clock):
     plans = {"tenant:acme": 5}
     engine.register(
         "planned",
