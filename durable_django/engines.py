@@ -38,7 +38,7 @@ from ._runtime.purging import purge
 from ._runtime.starting import StartOptions
 from ._runtime.tick import TickResult as TickResult  # importable from here, as documented
 from ._runtime.tick import tick
-from ._runtime.usage import QuotaUsage, quota_usage
+from ._runtime.usage import QuotaUsage, RateUsage, quota_usage, rate_usage
 from ._runtime.waiting import Wait
 from .conf import build_store, durable_settings
 from .errors import RunNotFound, RunTimeout, WorkflowNotFound
@@ -541,6 +541,13 @@ class Engine:
         workflows, against the limit they declare. Busiest first."""
         _check_filters(key=key)
         return quota_usage(self, key)
+
+    def rate_usage(self, key: str | None = None) -> list[RateUsage]:
+        """Every rate limit key with runs inside its window (or just ``key``): the units
+        used in the window now, against the limit and ``per`` its workflows declare, and
+        when a start of weight 1 next fits. Busiest first."""
+        _check_filters(key=key)
+        return rate_usage(self, key)
 
     def quota_holders(self, key: str) -> list[Holder]:
         """The runs holding quota ``key`` now (in the statuses a quota counts by default,

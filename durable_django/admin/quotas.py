@@ -1,5 +1,7 @@
 """The quota page of the admin: every quota key holding active runs, its active runs against
-its limit, the oldest holder's age and when the next slot likely frees."""
+its limit, the oldest holder's age and when the next slot likely frees; then every rate
+limit key with runs in its window, its units against the limit per window, and when the
+next unit frees."""
 
 from __future__ import annotations
 
@@ -15,14 +17,14 @@ from django.utils.translation import gettext_lazy as _
 
 from .._rules.concurrency import DEFAULT_CONCURRENCY_STATUSES
 from .._runtime import estimates
-from .._runtime.usage import estimate_for
+from .._runtime.usage import estimate_for, has_window
 from ..engines import default_engine
 from ..tasks_backend import shown_usage
 from .display import duration_text
 
 if TYPE_CHECKING:
     from .._runtime.estimates import Estimate
-    from .._runtime.usage import QuotaUsage
+    from .._runtime.usage import QuotaUsage, RateUsage
 
 
 class QuotaPageAdmin(Protocol):
@@ -47,12 +49,14 @@ def quota_page(model_admin: QuotaPageAdmin, request: HttpRequest) -> HttpRespons
     changelist = reverse(model_admin._urlname("changelist"), current_app=site.name)
     shown = [shown_usage(default_engine, usage) for usage in default_engine.quota_usage(key)]
     rows = [quota_row(usage, changelist, estimate_for(default_engine, usage)) for usage in shown]
+    rates = [u for u in default_engine.rate_usage(key) if has_window(u)]
     context = {
         **site.each_context(request),
         "opts": model_admin.model._meta,
         "title": _("Quotas"),
         "subtitle": None,
         "rows": rows,
+        "rate_rows": [rate_row(usage, changelist) for usage in rates],
         "key": key or "",
         "statuses": ", ".join(DEFAULT_CONCURRENCY_STATUSES),
         "changelist_url": changelist,
@@ -67,12 +71,7 @@ def quota_row(
     """What the quota page shows for one :class:`~durable_django._runtime.usage.QuotaUsage`, with
     its :func:`~durable_django._runtime.usage.estimate_for` estimate when given."""
     limit = usage.limit
-    if limit is None:
-        percent = None
-    elif limit <= 0:
-        percent = 100
-    else:
-        percent = min(100, round(usage.active * 100 / limit))
+    percent = percent_of(usage.active, limit)
     query = urlencode({"tag": usage.tag, "status__in": ",".join(DEFAULT_CONCURRENCY_STATUSES)})
     return {
         "key": usage.key,
@@ -87,6 +86,43 @@ def quota_row(
         "runs_url": f"{changelist_url}?{query}",
         **estimate_cells(usage, estimate),
     }
+
+
+def rate_row(usage: RateUsage, changelist_url: str) -> dict[str, Any]:
+    """What the quota page shows for one rate limit key's window
+    (:class:`~durable_django._runtime.usage.RateUsage`)."""
+    if usage.retry_after is None:
+        next_unit_text = "-"
+    elif usage.full:
+        next_unit_text = gettext("in %(duration)s") % {"duration": duration_text(usage.retry_after)}
+    else:
+        next_unit_text = gettext("free now")
+    return {
+        "key": usage.key,
+        "tag": usage.tag,
+        "used": usage.used,
+        "limit": usage.limit,
+        "per": usage.per,
+        "per_text": duration_text(usage.per) if usage.per is not None else "-",
+        "limit_computed": usage.limit_computed,
+        "limit_error": usage.limit_error,
+        "full": usage.full,
+        "percent": percent_of(usage.used, usage.limit),
+        "workflows": usage.workflows,
+        "next_unit": usage.retry_after,
+        "next_unit_text": next_unit_text,
+        "runs_url": f"{changelist_url}?{urlencode({'tag': usage.tag})}",
+    }
+
+
+def percent_of(units: int, limit: int | None) -> int | None:
+    """How full a key's bar is, in percent: 100 for a limit of 0 or less, ``None`` when
+    the limit is unknown."""
+    if limit is None:
+        return None
+    if limit <= 0:
+        return 100
+    return min(100, round(units * 100 / limit))
 
 
 def estimate_cells(usage: QuotaUsage, estimate: Estimate | None) -> dict[str, Any]:
@@ -121,4 +157,4 @@ def estimate_cells(usage: QuotaUsage, estimate: Estimate | None) -> dict[str, An
     }
 
 
-__all__ = ["estimate_cells", "quota_page", "quota_row"]
+__all__ = ["estimate_cells", "quota_page", "quota_row", "rate_row"]

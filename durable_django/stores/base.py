@@ -25,7 +25,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from django.utils import timezone
 
 from .._core.lifecycle import TERMINAL_STATUSES
-from .._core.limits import TAG_PREFIX
+from .._core.limits import RATE_TAG_PREFIX, TAG_PREFIX
 from .._core.records import NewRun, RunRecord, StartOutcome, StepRecord
 from .._rules.admission import Refusal, decide, rate_retry_after, window_start
 from .._rules.concurrency import Quota
@@ -507,14 +507,16 @@ class BaseStore(abc.ABC):
         """``{key: {workflow: units}}`` for the quota keys holding runs in ``statuses`` (in
         ``namespace`` when it is given): the sum of the weights of those runs (their count,
         when each weighs 1). The default reads a :meth:`list_runs` listing."""
-        found: dict[str, dict[str, int]] = {}
-        for run in self.list_runs(statuses=statuses, namespace=namespace):
-            for tag in run.tags:
-                if tag.startswith(TAG_PREFIX):
-                    by_workflow = found.setdefault(tag[len(TAG_PREFIX) :], {})
-                    units = run.weights.get(tag, 1)
-                    by_workflow[run.workflow] = by_workflow.get(run.workflow, 0) + units
-        return found
+        return keys_of(self.list_runs(statuses=statuses, namespace=namespace), TAG_PREFIX)
+
+    def rate_keys(self, since: datetime, namespace: str | None) -> dict[str, dict[str, int]]:
+        """``{key: {workflow: units}}`` for the rate limit keys of the runs created after
+        ``since`` (strictly), whatever their status (in ``namespace`` when it is given):
+        the sum of their weights on each key's tag. The default reads a :meth:`list_runs`
+        listing."""
+        runs = self.list_runs(namespace=namespace)
+        recent = [run for run in runs if run.created_at is not None and run.created_at > since]
+        return keys_of(recent, RATE_TAG_PREFIX)
 
     def quota_holders(
         self, tag: str, statuses: Collection[str], namespace: str | None
@@ -727,6 +729,19 @@ def is_holders_check(
 ) -> bool:
     """Whether a transition is a holder's check (see :meth:`BaseStore.transition`)."""
     return owner is not None and not fields and set(from_statuses) == {status} == {"running"}
+
+
+def keys_of(runs: Iterable[RunRecord], prefix: str) -> dict[str, dict[str, int]]:
+    """``{key: {workflow: units}}`` of the tags of ``runs`` that start with ``prefix``
+    (a run weighs 1 on a tag unless its ``weights`` say more)."""
+    found: dict[str, dict[str, int]] = {}
+    for run in runs:
+        for tag in run.tags:
+            if tag.startswith(prefix):
+                by_workflow = found.setdefault(tag[len(prefix) :], {})
+                units = run.weights.get(tag, 1)
+                by_workflow[run.workflow] = by_workflow.get(run.workflow, 0) + units
+    return found
 
 
 def quota_list(quotas: Quota | Sequence[Quota] | None) -> tuple[Quota, ...]:

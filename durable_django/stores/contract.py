@@ -562,6 +562,23 @@ class StoreContract:
         assert not store.settle_units("no-such-run", per_minute.tag, 1)
         assert store.rate_units([per_minute], timezone.now(), None) == [1]
 
+    def test_rate_keys_group_the_units_created_after_since(self, store: BaseStore) -> None:
+        start(store, new_run("run-1"), [rate("tokens", 10, weight=4), quota("tokens", 5)])
+        start(store, new_run("run-2", "other.workflow"), rate("tokens", 10, weight=3))
+        start(store, new_run("run-3", namespace="blue"), rate("mail", 10))
+        store.transition("run-2", RunStatus.values, RunStatus.FAILED)  # still counted
+        created = read(store, "run-1").created_at
+        assert created is not None
+        before = created - SECOND
+        assert store.rate_keys(before, None) == {
+            "tokens": {"wf": 4, "other.workflow": 3},
+            "mail": {"wf": 1},
+        }
+        assert store.rate_keys(before, "blue") == {"mail": {"wf": 1}}
+        times = [read(store, run_id).created_at for run_id in ("run-1", "run-2", "run-3")]
+        last = max(at for at in times if at is not None)
+        assert store.rate_keys(last, None) == {}  # created after since, strictly
+
     def test_a_rate_limit_and_a_quota_admit_all_or_nothing(self, store: BaseStore) -> None:
         slot, window = quota("k", 1), rate("k", 1)
         start(store, new_run("run-1"), [slot, window])

@@ -192,6 +192,7 @@ def test_the_command_marks_computed_limits_and_names_failures(db):
     )
     assert as_json == [
         {
+            "kind": "concurrency",
             "key": "tenant:globex",
             "tag": "concurrency:tenant:globex",
             "active": 1,

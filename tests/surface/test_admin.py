@@ -816,6 +816,69 @@ def test_the_quota_page_shows_a_limit_computed_per_key_or_its_failure(admin_clie
     assert "limit function failed: KeyError: &#x27;tenant:globex&#x27;" in html
 
 
+def test_the_quota_page_shows_the_rate_limit_windows(admin_client):
+    from durable_django import RateLimit
+
+    definition = default_engine.register(
+        "tests.rated",
+        "1",
+        lambda ctx, input: None,
+        rate_limit=RateLimit(key=lambda input: input["key"], limit=2, per=3600),
+    )
+    try:
+        for _ in range(2):
+            done = default_engine.start("tests.rated", {"key": "tenant:acme"}).run_id
+            force_status(default_engine, done, RunStatus.COMPLETED)  # still in the window
+        default_engine.start("tests.rated", {"key": "tenant:globex"})
+        default_engine.start("tests.plain", {}, rate_limit={"key": "adhoc", "limit": 9, "per": 60})
+        response = admin_client.get(reverse(QUOTAS))
+        one = admin_client.get(reverse(QUOTAS), {"key": "tenant:globex"})
+        idle = admin_client.get(reverse(QUOTAS), {"key": "tenant:nobody"})
+    finally:
+        default_engine.registry.remove(definition.name)
+    assert response.status_code == 200
+    rows = {row["key"]: row for row in response.context["rate_rows"]}
+    acme = rows["tenant:acme"]
+    assert 3590 < acme.pop("next_unit") <= 3600  # the oldest of the two leaves in an hour
+    assert acme.pop("next_unit_text").startswith("in ")
+    assert acme == {
+        "key": "tenant:acme",
+        "tag": "rate:tenant:acme",
+        "used": 2,
+        "limit": 2,
+        "per": 3600.0,
+        "per_text": "1 h 0 min",
+        "limit_computed": False,
+        "limit_error": None,
+        "full": True,
+        "percent": 100,
+        "workflows": ("tests.rated",),
+        "runs_url": reverse(CHANGELIST) + "?tag=rate%3Atenant%3Aacme",
+    }
+    globex = rows["tenant:globex"]
+    assert (globex["percent"], globex["next_unit"], globex["next_unit_text"]) == (
+        50,
+        0.0,
+        "free now",
+    )
+    assert (rows["adhoc"]["limit"], rows["adhoc"]["percent"], rows["adhoc"]["next_unit_text"]) == (
+        None,
+        None,
+        "-",
+    )
+    assert list(rows) == ["tenant:acme", "adhoc", "tenant:globex"]  # busiest first
+
+    html = response.content.decode()
+    assert "Rate limits" in html
+    assert 'data-rate-key="tenant:acme" data-percent="100"' in html
+    assert "2 / 2 full" in html and "1 used, limit unknown" in html
+    # The link lists the key's runs, finished ones too.
+    listed = admin_client.get(acme["runs_url"]).context["cl"].result_list
+    assert len(listed) == 2
+    assert [row["key"] for row in one.context["rate_rows"]] == ["tenant:globex"]
+    assert idle.context["rate_rows"] == [] and "Rate limits" not in idle.content.decode()
+
+
 # tracebacks ----------------------------------------------------------------------------
 
 RECORDED_ELSEWHERE = """\

@@ -291,6 +291,7 @@ def test_quota_usage_for_people_and_scripts(db):
     )
     assert durable_json("quota", "tenant:acme") == [
         {
+            "kind": "concurrency",
             "key": "tenant:acme",
             "tag": "concurrency:tenant:acme",
             "active": 3,
@@ -307,6 +308,7 @@ def test_quota_with_nothing_active(db):
     assert durable("quota") == "No quota key holds active runs.\n"
     assert durable_json("quota", "tenant:idle") == [
         {
+            "kind": "concurrency",
             "key": "tenant:idle",
             "tag": "concurrency:tenant:idle",
             "active": 0,

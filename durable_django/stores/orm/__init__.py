@@ -488,12 +488,17 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
         )
         if namespace is not None:
             rows = rows.filter(namespace=namespace)
-        found: dict[str, dict[str, int]] = {}
-        for tag, workflow, count in rows.values_list("tag", "run__workflow").annotate(
-            count=Sum("weight")
-        ):
-            found.setdefault(tag[len(TAG_PREFIX) :], {})[workflow] = count
-        return found
+        return grouped_keys(rows, TAG_PREFIX)
+
+    def rate_keys(self, since: datetime, namespace: str | None) -> dict[str, dict[str, int]]:
+        """``{key: {workflow: units}}`` of the rate tag rows created after ``since``, in
+        one grouped query."""
+        rows = RunTag.objects.using(self.using).filter(
+            prefixed_tags(self.using, RATE_TAG_PREFIX), created_at__gt=since
+        )
+        if namespace is not None:
+            rows = rows.filter(namespace=namespace)
+        return grouped_keys(rows, RATE_TAG_PREFIX)
 
     def quota_holders(
         self, tag: str, statuses: Collection[str], namespace: str | None
@@ -556,22 +561,35 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
         ]
 
 
-#: The text just after every tag of a quota key in byte order: the prefix's last
-#: character is followed by the next one.
-_TAG_PREFIX_END = TAG_PREFIX[:-1] + chr(ord(TAG_PREFIX[-1]) + 1)
-
-
-def quota_tags(using: str) -> Q:
-    """The tags of quota keys: those starting with :data:`TAG_PREFIX`, byte for byte.
+def prefixed_tags(using: str, prefix: str) -> Q:
+    """The tags starting with ``prefix`` (:data:`TAG_PREFIX`, :data:`RATE_TAG_PREFIX`),
+    byte for byte.
 
     Django's ``startswith`` is a ``LIKE``, case-sensitive on PostgreSQL and MySQL/MariaDB
     but not on SQLite, whose ``LIKE`` ignores the case of ASCII letters. There it is the
     range of tags that byte order (SQLite's ``BINARY`` collation) puts from the prefix
-    up to :data:`_TAG_PREFIX_END`, which is also a range of the index on ``tag``.
+    up to the text just after every tag of the prefix (its last character followed by
+    the next one), which is also a range of the index on ``tag``.
     """
     if connections[using].vendor == "sqlite":
-        return Q(tag__gte=TAG_PREFIX, tag__lt=_TAG_PREFIX_END)
-    return Q(tag__startswith=TAG_PREFIX)
+        return Q(tag__gte=prefix, tag__lt=prefix[:-1] + chr(ord(prefix[-1]) + 1))
+    return Q(tag__startswith=prefix)
+
+
+def quota_tags(using: str) -> Q:
+    """The tags of quota keys: those starting with :data:`TAG_PREFIX`."""
+    return prefixed_tags(using, TAG_PREFIX)
+
+
+def grouped_keys(rows: Any, prefix: str) -> dict[str, dict[str, int]]:
+    """``{key: {workflow: units}}`` of tag rows of ``prefix``: their weights summed per
+    tag and workflow, in one grouped query."""
+    found: dict[str, dict[str, int]] = {}
+    for tag, workflow, units in rows.values_list("tag", "run__workflow").annotate(
+        units=Sum("weight")
+    ):
+        found.setdefault(tag[len(prefix) :], {})[workflow] = int(units)
+    return found
 
 
 #: How many times a start is tried in all when the database breaks a deadlock by rolling
