@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from django.utils import timezone
 
 from .._core.records import RunRecord, StepRecord
-from ..errors import ConcurrencyLimitError
+from ..errors import ConcurrencyLimitError, RateLimitError
 from ..observability.events import (
     AfterTurn,
     Observer,
@@ -180,13 +180,21 @@ class MetricsObserver(Observer):
         _add(STEP_FAILURES, 1, (step.run.workflow, outcome))
 
     def refused(self, start: str, error: ConcurrencyLimitError) -> None:
-        _add(STARTS, 1, (start, "refused", "held" if error.held else "limit"))
+        _add(STARTS, 1, (start, "refused", refusal_reason(error)))
 
     def ticked(self, result: TickResult) -> None:
         for kind in result.__dataclass_fields__:
             count = getattr(result, kind)
             if count:
                 _add(TICK_ITEMS, count, (kind,))
+
+
+def refusal_reason(error: ConcurrencyLimitError) -> str:
+    """The ``reason`` of a refused start: ``rate`` (a rate limit's window is full),
+    ``held`` (units of a fair quota's limit held for older tickets) or ``limit``."""
+    if isinstance(error, RateLimitError):
+        return "rate"
+    return "held" if error.held else "limit"
 
 
 class _Decided:

@@ -30,7 +30,7 @@ from opentelemetry import trace
 from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode
 
 from .._core.records import RunRecord
-from ..errors import ConcurrencyLimitError
+from ..errors import ConcurrencyLimitError, RateLimitError
 from .events import Observer, StartEvent, StepEvent, TurnEvent
 
 tracer = trace.get_tracer("durable_django")
@@ -130,6 +130,8 @@ def _decision(start: StartEvent) -> dict[str, Any]:
                 "durable.retry_after": first.retry_after,
             }
         )
+        if isinstance(first, RateLimitError):
+            decided["durable.rate_limit.per"] = first.per
     return decided
 
 

@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from durable_django import ConcurrencyLimitError, Engine, metrics
+from durable_django import ConcurrencyLimitError, Engine, RateLimit, RateLimitError, metrics
 from durable_django.metrics.opentelemetry import OpenTelemetryMetrics
 from durable_django.metrics.prometheus import PrometheusMetrics, metrics_view
 from durable_django.observability import observers
@@ -208,6 +208,24 @@ def test_no_library_records_nothing(memory_engine: Engine):
         memory_engine.start("wf")  # nothing to record to, and nothing fails
     finally:
         metrics.reset(previous)
+
+
+def test_a_rate_limit_refusal_counts_with_its_own_reason(engine: Engine, read: Read):
+    engine.register(
+        "rated", "1", lambda ctx, i: 1, rate_limit=RateLimit(key=lambda i: "r", limit=1, per=60)
+    )
+    engine.start("rated", 1)
+    with pytest.raises(RateLimitError):
+        engine.start("rated", 2)
+    otel = read.otel()
+    assert sorted(
+        (a["durable.outcome"], a.get("durable.reason"), v) for a, v in otel["durable.starts"]
+    ) == [("admitted", None, 1), ("refused", "rate", 1)]
+    scraped = read.prometheus()
+    assert sorted(
+        (labels["outcome"], labels["reason"], value)
+        for labels, value in scraped["durable_starts_total"]
+    ) == [("admitted", "", 1.0), ("refused", "rate", 1.0)]
 
 
 @pytest.mark.parametrize("value", ["prometheus", ["statsd"], [1]])

@@ -19,7 +19,15 @@ from opentelemetry.trace import StatusCode
 from sentry_sdk.integrations.logging import LoggingIntegration
 from sentry_sdk.transport import Transport
 
-from durable_django import Concurrency, ConcurrencyLimitError, Engine, RunInfo, current_run
+from durable_django import (
+    Concurrency,
+    ConcurrencyLimitError,
+    Engine,
+    RateLimit,
+    RateLimitError,
+    RunInfo,
+    current_run,
+)
 from durable_django.observability import Observer, RunFilter, ask_again, forget, observe
 from durable_django.testing import run_until_idle
 
@@ -356,6 +364,23 @@ def test_a_start_span_carries_the_admission_and_a_refusal(
     assert attributes["durable.quota.active"] == 1
     assert attributes["durable.retry_after"] == refused.value.retry_after
     assert refusal.status.status_code == StatusCode.UNSET  # a decision, not an error
+
+
+def test_a_rate_limit_refusal_on_the_start_span_says_its_window(
+    engine: Engine, spans: InMemorySpanExporter
+):
+    engine.register(
+        "rated", "1", lambda ctx, input: 1, rate_limit=RateLimit(lambda i: "r", limit=1, per=30)
+    )
+    engine.start("rated", {})
+    with pytest.raises(RateLimitError) as refused:
+        engine.start("rated", {})
+    admitted, refusal = named(spans, "durable.start ")
+    assert "durable.rate_limit.per" not in dict(admitted.attributes or {})
+    attributes = dict(refusal.attributes or {})
+    assert attributes["durable.refused.key"] == "r"
+    assert attributes["durable.rate_limit.per"] == 30.0
+    assert attributes["durable.retry_after"] == refused.value.retry_after
 
 
 def test_turn_and_step_spans_nest_and_a_failed_step_is_an_error(
