@@ -16,12 +16,13 @@ against each other.
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
+
+from .hammering import django_in_child, in_threads
 
 #: The workflow the batches start: keyed by the input's ``key``.
 WORKFLOW = "hammer.batch"
@@ -265,25 +266,11 @@ def run_threads(
     barrier_timeout: float,
 ) -> list[BatchOutcome]:
     outcomes: list[BatchOutcome] = []
-    workers = [
-        threading.Thread(
-            target=starter_loop,
-            args=(
-                engines,
-                f"{prefix}{n}",
-                first_index + n,
-                trials,
-                barrier,
-                outcomes,
-                barrier_timeout,
-            ),
-        )
+    argsets = [
+        (engines, f"{prefix}{n}", first_index + n, trials, barrier, outcomes, barrier_timeout)
         for n in range(threads)
     ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    in_threads(starter_loop, argsets, f"batches-{prefix}")
     return outcomes
 
 
@@ -301,13 +288,7 @@ def process_main(
     Puts one list of :class:`BatchOutcome` on ``results``."""
     outcomes: list[BatchOutcome] = []
     try:
-        os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-        from django.conf import settings
-
-        settings.DATABASES["default"]["NAME"] = db_name
-        import django
-
-        django.setup()
+        django_in_child(db_name)
         engines = make_engines(limit)
         outcomes = run_threads(
             engines, f"p{index}t", index * threads, trials, threads, barrier, barrier_timeout

@@ -10,13 +10,13 @@ draws the same plans as the test that checks them.
 
 from __future__ import annotations
 
-import os
 import random
-import threading
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
+
+from .hammering import django_in_child, in_threads
 
 #: The workflow the hammer starts (declared in ``tests.testapp.workflows``).
 WORKFLOW = "tests.plain"
@@ -129,18 +129,8 @@ def run_threads(
 ) -> list[Result]:
     """Run one starter thread per name over every trial; return all their results."""
     results: list[Result] = []  # list.append is atomic
-    workers = [
-        threading.Thread(
-            target=starter_loop,
-            args=(engine, prefix, name, trials, barrier, results, barrier_timeout),
-            name=f"rates-{name}",
-        )
-        for name in names
-    ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    argsets = [(engine, prefix, name, trials, barrier, results, barrier_timeout) for name in names]
+    in_threads(starter_loop, argsets, "rates")
     return results
 
 
@@ -158,13 +148,7 @@ def process_main(
     Puts one list of :class:`Result` on ``out``."""
     results: list[Result] = []
     try:
-        os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-        from django.conf import settings
-
-        settings.DATABASES["default"]["NAME"] = db_name
-        import django
-
-        django.setup()
+        django_in_child(db_name)
         from .hammer_worker import make_engine
 
         engine = make_engine(fast_path)

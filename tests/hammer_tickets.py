@@ -8,12 +8,13 @@ without a ticket, again and again. Both run until a deadline.
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
 import traceback
 from typing import Any
+
+from .hammering import django_in_child
 
 #: The workflow the hammer starts (declared in ``tests.testapp.workflows``).
 WORKFLOW = "tests.plain"
@@ -79,13 +80,7 @@ def process_main(db_name: str, key: str, polite: int, flood: int, seconds: float
     """Entry point of a spawned child: Django on the parent's test database, then the
     clients. Puts ``(admitted, errors)`` on ``out``."""
     try:
-        os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-        from django.conf import settings
-
-        settings.DATABASES["default"]["NAME"] = db_name
-        import django
-
-        django.setup()
+        django_in_child(db_name)
         from .hammer_worker import make_engine
 
         out.put(run_clients(make_engine(True), key, polite, flood, seconds))

@@ -7,11 +7,11 @@ processes started with the ``spawn`` context (:func:`process_main`).
 
 from __future__ import annotations
 
-import os
-import threading
 import traceback
 from dataclasses import dataclass
 from typing import Any
+
+from .hammering import django_in_child, in_threads
 
 #: The workflow the hammer starts (declared in ``tests.testapp.workflows``).
 WORKFLOW = "tests.plain"
@@ -103,18 +103,11 @@ def run_threads(
 ) -> list[Outcome]:
     """Run ``threads`` starters over every trial; return all their outcomes."""
     outcomes: list[Outcome] = []  # list.append is atomic
-    workers = [
-        threading.Thread(
-            target=starter_loop,
-            args=(engine, f"{prefix}{n}", keys, limit, barrier, outcomes, barrier_timeout),
-            name=f"hammer-{prefix}{n}",
-        )
+    argsets = [
+        (engine, f"{prefix}{n}", keys, limit, barrier, outcomes, barrier_timeout)
         for n in range(threads)
     ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    in_threads(starter_loop, argsets, f"hammer-{prefix}")
     return outcomes
 
 
@@ -135,14 +128,7 @@ def process_main(
     """
     outcomes: list[Outcome] = []
     try:
-        os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-        from django.conf import settings
-
-        # The parent runs against the test database, not the configured one.
-        settings.DATABASES["default"]["NAME"] = db_name
-        import django
-
-        django.setup()
+        django_in_child(db_name)
         engine = make_engine(fast_path)
         outcomes = run_threads(engine, f"p{index}t", keys, limit, threads, barrier, barrier_timeout)
     except Exception:

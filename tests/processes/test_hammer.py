@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import queue
 import threading
 import time
 import uuid
@@ -33,6 +32,7 @@ from tests.hammer_worker import (
     run_threads,
     start_once,
 )
+from tests.hammering import reports_of
 from tests.testapp.workflows import EchoWorkflow
 
 from ..hammer import (
@@ -188,20 +188,7 @@ def test_processes_released_together_admit_exactly_the_limit(fast_path: bool) ->
         )
         for index in range(PROCESSES)
     ]
-    outcomes: list[Outcome] = []
-    try:
-        for child in children:
-            child.start()
-        for _ in children:
-            outcomes.extend(results.get(timeout=PATIENCE * 4))
-    except queue.Empty:
-        pytest.fail("a hammer process did not report")
-    finally:
-        for child in children:
-            child.join(timeout=PATIENCE)
-            if child.is_alive():
-                child.kill()
-                child.join()
+    outcomes: list[Outcome] = reports_of(children, results, PATIENCE * 4)
 
     assert_trials(outcomes, keys, starters)
     assert [child.exitcode for child in children] == [0] * PROCESSES

@@ -11,7 +11,6 @@ has one database-wide write lock.
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import threading
 import uuid
 from collections import Counter
@@ -33,6 +32,7 @@ from ..hammer_batches import (
     run_mixed_threads,
     run_threads,
 )
+from ..hammering import reports_of
 
 pytestmark = [
     pytest.mark.slow,
@@ -117,19 +117,7 @@ def test_processes_starting_batches_in_different_key_orders() -> None:
         )
         for index in range(PROCESSES)
     ]
-    outcomes: list[BatchOutcome] = []
-    try:
-        for child in children:
-            child.start()
-        for _ in children:
-            outcomes.extend(results.get(timeout=PATIENCE * 4))
-    except queue.Empty:
-        pytest.fail("a batch hammer process did not report")
-    finally:
-        for child in children:
-            child.join(PATIENCE)
-            if child.is_alive():
-                child.kill()
+    outcomes: list[BatchOutcome] = reports_of(children, results, PATIENCE * 4)
 
     assert_batches(outcomes, trials, starters)
 

@@ -12,7 +12,6 @@ meanwhile, every refusal is also justified by what the key holds at the end.
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import random
 import threading
 import uuid
@@ -34,6 +33,7 @@ from tests.hammer_multikey import (
     trial_keys,
 )
 from tests.hammer_worker import make_engine
+from tests.hammering import reports_of
 
 from ..hammer import PATIENCE, STORES
 
@@ -189,21 +189,8 @@ def test_processes_under_overlapping_weighted_quotas(fast_path: bool) -> None:
         )
         for index, names in enumerate(groups)
     ]
-    results: list[Result] = []
     with Watch(engine, prefix, all_keys(prefix, TRIALS), cancel=True) as watch:
-        try:
-            for child in children:
-                child.start()
-            for _ in children:
-                results.extend(out.get(timeout=PATIENCE * 4))
-        except queue.Empty:
-            pytest.fail("a hammer process did not report")
-        finally:
-            for child in children:
-                child.join(timeout=PATIENCE)
-                if child.is_alive():
-                    child.kill()
-                    child.join()
+        results: list[Result] = reports_of(children, out, PATIENCE * 4)
     names = [name for group in groups for name in group]
     check(results, plans_for(prefix, names, TRIALS), watch, runs_ended=True)
     assert [child.exitcode for child in children] == [0] * PROCESSES

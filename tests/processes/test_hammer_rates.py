@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing
-import queue
 import random
 import threading
 import uuid
@@ -37,6 +36,7 @@ from tests.hammer_rates import (
     trial_keys,
 )
 from tests.hammer_worker import make_engine
+from tests.hammering import reports_of
 
 from ..hammer import PATIENCE, STORES
 
@@ -198,21 +198,8 @@ def test_processes_under_a_rate_limit_and_a_quota(fast_path: bool) -> None:
         )
         for index, names in enumerate(groups)
     ]
-    results: list[Result] = []
     with Watch(engine, prefix, TRIALS) as watch:
-        try:
-            for child in children:
-                child.start()
-            for _ in children:
-                results.extend(out.get(timeout=PATIENCE * 4))
-        except queue.Empty:
-            pytest.fail("a hammer process did not report")
-        finally:
-            for child in children:
-                child.join(timeout=PATIENCE)
-                if child.is_alive():
-                    child.kill()
-                    child.join()
+        results: list[Result] = reports_of(children, out, PATIENCE * 4)
     names = [name for group in groups for name in group]
     check(results, planned_for(prefix, names, TRIALS), watch, prefix)
     assert [child.exitcode for child in children] == [0] * PROCESSES
