@@ -379,6 +379,17 @@ def proxied_settings(proxy: TcpProxy) -> dict[str, object]:
 
 
 @contextlib.contextmanager
+def proxied_test_database(alias: str) -> Iterator[TcpProxy]:
+    """A :class:`TcpProxy` of the test's own in front of the test database's server, and
+    the test database through it as the Django database ``alias``, for the block."""
+    from django.db import connection
+
+    host, port = connection.settings_dict["HOST"], int(connection.settings_dict["PORT"])
+    with TcpProxy(host, port) as running, database_alias(alias, proxied_settings(running)):
+        yield running
+
+
+@contextlib.contextmanager
 def database_alias(alias: str, settings: dict[str, object]) -> Iterator[str]:
     """``settings`` as the Django database ``alias`` of the test process for the block.
 

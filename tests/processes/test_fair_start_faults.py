@@ -24,7 +24,7 @@ from durable_django import Concurrency, ConcurrencyLimitError, Engine, RunStatus
 from durable_django._rules.registry import Registry
 from durable_django.stores import OrmStore
 
-from ..faults import TcpProxy, database_alias, proxied_settings
+from ..faults import TcpProxy, proxied_test_database
 from ..helpers import echo, force_status
 
 ALIAS = "fair_start_faults"
@@ -38,8 +38,7 @@ def proxied(django_db_setup: None) -> Iterator[TcpProxy]:
     as the database ``ALIAS``."""
     if connection.vendor != "postgresql":
         pytest.skip("the fair start's two round trips are PostgreSQL's")
-    host, port = connection.settings_dict["HOST"], int(connection.settings_dict["PORT"])
-    with TcpProxy(host, port) as running, database_alias(ALIAS, proxied_settings(running)):
+    with proxied_test_database(ALIAS) as running:
         yield running
 
 

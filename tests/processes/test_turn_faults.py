@@ -21,7 +21,7 @@ from durable_django import Engine, RunStatus
 from durable_django._rules.registry import Registry
 from durable_django.stores import OrmStore
 
-from ..faults import TcpProxy, database_alias, proxied_settings
+from ..faults import TcpProxy, proxied_test_database
 
 ALIAS = "turn_faults"
 
@@ -34,8 +34,7 @@ def proxied(django_db_setup: None) -> Iterator[TcpProxy]:
     as the database ``ALIAS``."""
     if connection.vendor == "sqlite":
         pytest.skip("SQLite has no server to lose")
-    host, port = connection.settings_dict["HOST"], int(connection.settings_dict["PORT"])
-    with TcpProxy(host, port) as running, database_alias(ALIAS, proxied_settings(running)):
+    with proxied_test_database(ALIAS) as running:
         yield running
 
 

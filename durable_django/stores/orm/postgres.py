@@ -52,12 +52,7 @@ _START_SQL = (
 )
 #: The same call for a start under a rate limit: each quota's window (``NULL`` for a
 #: concurrency quota) and the start's time, on the starting process's clock.
-_RATED_START_SQL = (
-    "SELECT outcome, refused, active, found_workflow, found_namespace FROM "
-    "durable_start_run_v2(%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s, %s, "
-    "%s::text[], %s::integer[], %s::integer[], %s::text[], %s, "
-    "%s::double precision[], %s::timestamptz)"
-)
+_RATED_START_SQL = _START_SQL.removesuffix(")") + ", %s::double precision[], %s::timestamptz)"
 _START_MANY_SQL = (
     "SELECT position, outcome, refused, active, found_workflow, found_namespace "
     "FROM durable_start_runs_v2(%s::jsonb, %s)"
