@@ -19,6 +19,7 @@ from ._core.records import NewRun
 from ._core.runtime import EngineConfig as EngineConfig  # importable from here, as before
 from ._core.serialization import check_text, json_copy, validate_text
 from ._rules import concurrency as quotas
+from ._rules.overrides import Override
 from ._rules.registry import (
     Registry,
     WorkflowBody,
@@ -34,6 +35,7 @@ from ._runtime.events import PublishResult, publish
 from ._runtime.execution import execute_run
 from ._runtime.handles import BatchStart, WorkflowRef
 from ._runtime.handles import RunHandle as RunHandle  # importable from here too, as before
+from ._runtime.overriding import clear_override, overrides, set_override
 from ._runtime.purging import purge
 from ._runtime.starting import StartOptions
 from ._runtime.tick import TickResult as TickResult  # importable from here, as documented
@@ -548,6 +550,38 @@ class Engine:
         when a start of weight 1 next fits. Busiest first."""
         _check_filters(key=key)
         return rate_usage(self, key)
+
+    # operator overrides ----------------------------------------------------------------
+
+    def set_limit(self, key: str, limit: int, until: datetime.datetime | None = None) -> Override:
+        """Limit concurrency key ``key`` to ``limit`` (0 pauses it), in place of the limit
+        its workflows declare or a start gives, until ``until`` (an aware datetime; for
+        good when ``None``) or :meth:`clear_limit`. Stored: the next start of the key in
+        every process reads it under the key's lock; runs already admitted keep their
+        place. Inside a transaction of the caller's it applies once that commits."""
+        return set_override(self, key, "concurrency", limit, until)
+
+    def set_rate_limit(
+        self, key: str, limit: int, until: datetime.datetime | None = None
+    ) -> Override:
+        """:meth:`set_limit` for rate limit key ``key``: ``limit`` units per the window
+        its rate limits declare (0 pauses it)."""
+        return set_override(self, key, "rate", limit, until)
+
+    def clear_limit(self, key: str) -> bool:
+        """End the override of concurrency key ``key``: its starts obey the declared
+        limit again. Whether there was one."""
+        return clear_override(self, key, "concurrency")
+
+    def clear_rate_limit(self, key: str) -> bool:
+        """End the override of rate limit key ``key``; whether there was one."""
+        return clear_override(self, key, "rate")
+
+    def overrides(self, key: str | None = None) -> list[Override]:
+        """The overrides in force now (of ``key`` only, when given), concurrency and rate
+        keys alike, by kind and key."""
+        _check_filters(key=key)
+        return overrides(self, key)
 
     def quota_holders(self, key: str) -> list[Holder]:
         """The runs holding quota ``key`` now (in the statuses a quota counts by default,

@@ -539,6 +539,40 @@ class QuotaLock(models.Model):
         return self.key
 
 
+class QuotaOverride(models.Model):
+    """An operator's limit for one quota key, in place of the declared (or per-start)
+    one until ``until`` (for good when it is empty): read by every start of the key under
+    the key's lock (:mod:`durable_django._rules.overrides`)."""
+
+    tag = ExactCharField(
+        max_length=limits.TAG,
+        help_text="The key's tag: concurrency:<key>, or rate:<key> for a rate key.",
+    )
+    scope = ExactCharField(
+        max_length=limits.NAMESPACE,
+        blank=True,
+        help_text="The namespace whose starts it applies to; empty: those counting every one.",
+    )
+    limit = models.PositiveIntegerField(
+        db_column="quota_limit", help_text="The limit in force while it lasts; 0 pauses the key."
+    )
+    until = models.DateTimeField(
+        null=True, blank=True, help_text="When it ends by itself; empty: when it is cleared."
+    )
+    changed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "durable_quota_override"
+        verbose_name = "quota override"
+        verbose_name_plural = "quota overrides"
+        constraints = [
+            models.UniqueConstraint(fields=["tag", "scope"], name="durable_override_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tag} = {self.limit}"
+
+
 class QuotaTicket(models.Model):
     """A ticket a fair quota keeps: a refused start's place in its key's line, taken when
     its client came back with it (:mod:`durable_django._rules.tickets`)."""

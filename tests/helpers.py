@@ -142,9 +142,11 @@ def statements_sent() -> Iterator[list[str]]:
 # the migrations ------------------------------------------------------------------------
 
 
-def routines_installed(operation: type) -> list[str]:
+def routines_installed(operation: type, replaced: bool = False) -> list[str]:
     """The routines that durable_django's migrations install with operations of class
-    ``operation`` (``InstallFunctions``, ``InstallProcedures``), in the migrations' order."""
+    ``operation`` (``InstallFunctions``, ``InstallProcedures``), in the migrations' order:
+    those installed first, or (``replaced``) those installed again over an earlier
+    migration's (``replace=True``)."""
     from django.db.migrations.loader import MigrationLoader
 
     loader = MigrationLoader(None)
@@ -153,6 +155,6 @@ def routines_installed(operation: type) -> list[str]:
         for key in loader.graph.forwards_plan(loader.graph.leaf_nodes("durable_django")[0])
         if key[0] == "durable_django"
         for step in loader.get_migration(*key).operations
-        if isinstance(step, operation)
+        if isinstance(step, operation) and step.replace == replaced
         for name in step.names
     ]

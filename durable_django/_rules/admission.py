@@ -17,6 +17,7 @@ the reference.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -82,11 +83,14 @@ def decide(
     return None
 
 
-def refused_by(quotas: Sequence[Quota], position: int, active: int) -> Refusal:
+def refused_by(quotas: Sequence[Quota], position: int, active: int, limit: int) -> Refusal:
     """A server routine's refusal decoded: it names the refusing quota by its
-    ``position`` among ``quotas`` (from 1, as SQL counts) and the key's ``active``
-    units."""
-    return Refusal(position - 1, quotas[position - 1], int(active))
+    ``position`` among ``quotas`` (from 1, as SQL counts), the key's ``active`` units and
+    the ``limit`` it met (an operator's override's, or the quota's own)."""
+    quota = quotas[position - 1]
+    if limit != quota.limit:
+        quota = dataclasses.replace(quota, limit=int(limit))
+    return Refusal(position - 1, quota, int(active))
 
 
 def window_start(quota: Quota, now: datetime.datetime) -> datetime.datetime:

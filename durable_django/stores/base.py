@@ -38,6 +38,7 @@ from .._core.limits import RATE_TAG_PREFIX, TAG_PREFIX
 from .._core.records import NewRun, RunRecord, StartOutcome, StepRecord
 from .._rules.admission import Refusal, decide, rate_retry_after, window_start
 from .._rules.concurrency import Quota
+from .._rules.overrides import Override, in_force, scope_of
 from .._rules.retention import active_ancestors
 from .._rules.tickets import KeptTicket, Line, Ticket, place_in_line
 from ..errors import ConcurrencyLimitError, DurableError
@@ -641,6 +642,34 @@ class BaseStore(abc.ABC):
         start's transaction."""
         raise NotImplementedError(f"{type(self).__name__} keeps no tickets for fair quotas")
 
+    # operator overrides ---------------------------------------------------------------
+    #
+    # A store that keeps overrides implements the three writes and reads below; the
+    # defaults keep none: setting one fails with an error that says so, and every start
+    # finds none.
+
+    def set_override(self, override: Override) -> None:
+        """Store ``override`` for its key's tag and scope, in place of the one stored
+        there (whatever its ``until``), in a transaction of its own that has committed when
+        this returns: the next start of the key, in any process, reads it."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no operator overrides")
+
+    def clear_override(self, tag: str, scope: str) -> bool:
+        """Delete the override of ``tag`` in ``scope``, committed when this returns;
+        whether one was stored (live or not)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no operator overrides")
+
+    def list_overrides(self, scope: str | None, now: datetime) -> list[Override]:
+        """The overrides in force at ``now`` (their ``until`` not reached) in ``scope``
+        (every scope when ``None``), by tag. The default keeps none."""
+        return []
+
+    def override_limits(self, tags: Collection[str], scope: str, now: datetime) -> dict[str, int]:
+        """``{tag: limit}`` for the overrides of ``tags`` in ``scope`` in force at ``now``:
+        read inside a start's transaction, under its keys' locks. The default keeps
+        none."""
+        return {}
+
     # waiting for a slot ---------------------------------------------------------------
 
     def in_transaction(self) -> bool:
@@ -818,10 +847,16 @@ def decide_quotas(
     ticket: Ticket | None = None,
 ) -> QuotaDecision:
     """Read what the admission rule needs, under the keys' locks, and decide
-    (:func:`decide_read`): each key's units (:meth:`BaseStore.quota_units`) and, for a
-    fair quota, its key's line (:meth:`BaseStore.ticket_line`). Writes nothing."""
+    (:func:`decide_read`): the operators' overrides of the keys' limits
+    (:meth:`BaseStore.override_limits`), each key's units (:meth:`BaseStore.quota_units`,
+    :meth:`BaseStore.rate_units`) and, for a fair quota, its key's line
+    (:meth:`BaseStore.ticket_line`). Writes nothing."""
     if not quotas:
         return QuotaDecision(None)
+    now = timezone.now()  # read under the keys' locks, before the run's creation time
+    quotas = in_force(
+        quotas, store.override_limits([q.tag for q in quotas], scope_of(read_namespace), now)
+    )
     if not any(quota.rate for quota in quotas):
         units = store.quota_units(quotas, read_namespace)
         return decide_read(
@@ -831,7 +866,6 @@ def decide_quotas(
             read_namespace,
             ticket,
         )
-    now = timezone.now()  # read under the keys' locks, before the run's creation time
     units = read_units(store, quotas, now, read_namespace)
     decision = decide_read(
         quotas, units, lambda key: store.ticket_line(key, read_namespace), read_namespace, ticket

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from .._core.limits import TAG_PREFIX
 from .._core.records import NewRun, RunRecord, StepRecord
+from .._rules.overrides import Override
 from .._rules.tickets import KeptTicket
 from ..status import RunStatus
 from .base import BaseStore, is_holders_check
@@ -38,6 +39,7 @@ class MemoryStore(BaseStore):
         self._steps: dict[str, dict[int, StepRecord]] = {}
         self._signals: dict[str, list[Any]] = {}
         self._tickets: dict[str, KeptTicket] = {}
+        self._overrides: dict[tuple[str, str], Override] = {}
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
@@ -71,6 +73,26 @@ class MemoryStore(BaseStore):
                     if units != 1 and tag in run.tags
                 },
             )
+
+    def set_override(self, override: Override) -> None:
+        with self._lock:
+            self._overrides[(override.tag, override.scope)] = override
+
+    def clear_override(self, tag: str, scope: str) -> bool:
+        with self._lock:
+            return self._overrides.pop((tag, scope), None) is not None
+
+    def list_overrides(self, scope: str | None, now: datetime) -> list[Override]:
+        with self._lock:
+            found = [
+                o for o in self._overrides.values() if o.live(now) and scope in (None, o.scope)
+            ]
+        return sorted(found, key=lambda o: (o.tag, o.scope))
+
+    def override_limits(self, tags: Collection[str], scope: str, now: datetime) -> dict[str, int]:
+        with self._lock:
+            found = (self._overrides.get((tag, scope)) for tag in tags)
+            return {o.tag: o.limit for o in found if o is not None and o.live(now)}
 
     def ticket_line(self, key: str, namespace: str | None = None) -> list[KeptTicket]:
         with self._lock:

@@ -85,6 +85,11 @@ class InstallRoutines(Operation):
     A migration names the routines it installs: a later one adding a new version of a
     routine installs that version alone, and its reverse drops that version alone. A
     subclass gives the file and says which databases it applies to.
+
+    With ``replace``, a migration installs again routines an earlier one installed, whose
+    text changed before their first release (a changed result, which ``CREATE OR
+    REPLACE`` alone refuses on PostgreSQL): each is dropped, then created from the file;
+    backwards it does nothing, and the earlier migration's reverse drops them.
     """
 
     reversible = True
@@ -93,7 +98,9 @@ class InstallRoutines(Operation):
     #: The file the routines are read from.
     file: ClassVar[RoutineFile]
 
-    def __init__(self, names: Sequence[str], hints: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, names: Sequence[str], hints: dict[str, Any] | None = None, replace: bool = False
+    ) -> None:
         unknown = self.file.unknown(list(names))
         if unknown:
             raise ValueError(
@@ -101,6 +108,7 @@ class InstallRoutines(Operation):
             )
         self.names = list(names)
         self.hints = hints or {}
+        self.replace = replace
 
     def state_forwards(self, app_label: str, state: Any) -> None:
         pass
@@ -124,19 +132,23 @@ class InstallRoutines(Operation):
     ) -> None:
         if self._allowed(app_label, schema_editor):
             for name in self.names:
+                if self.replace:
+                    self._drop(name, schema_editor)
                 # No parameters: the statement is sent as it is written, ``%`` included.
                 schema_editor.execute(self.statement(name, schema_editor), params=None)
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        if self._allowed(app_label, schema_editor):
+        if self._allowed(app_label, schema_editor) and not self.replace:
             for name in reversed(self.names):
-                # A versioned name is never overloaded: it names one routine.
-                schema_editor.execute(
-                    f"DROP {self.file.kind} IF EXISTS {schema_editor.quote_name(name)}",
-                    params=None,
-                )
+                self._drop(name, schema_editor)
+
+    def _drop(self, name: str, schema_editor: Any) -> None:
+        # A versioned name is never overloaded: it names one routine.
+        schema_editor.execute(
+            f"DROP {self.file.kind} IF EXISTS {schema_editor.quote_name(name)}", params=None
+        )
 
     def describe(self) -> str:
         return f"Install the routines {', '.join(self.names)} of {self.file.path.name}"

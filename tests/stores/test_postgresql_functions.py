@@ -152,7 +152,9 @@ def test_the_single_start_holds_the_rendered_fragments():
     for fragment in (
         start_text.units("v_tag", "p_statuses[i:i]", "p_read_namespace"),
         start_text.window_units("v_tag", since, "p_read_namespace"),
-        start_text.admits("v_active", "p_weights[i]", "p_limits[i]"),
+        "v_limit := "
+        + start_text.limit_in_force("p_limits[i]", "v_tag", "p_read_namespace", "v_now"),
+        start_text.admits("v_active", "p_weights[i]", "v_limit"),
         start_text.insert_run(row),
         start_text.insert_tags("p_id", "p_namespace", tags),
         f"v_tag := '{TAG_PREFIX}' || p_keys[i];",
@@ -164,7 +166,7 @@ def test_the_single_start_holds_the_rendered_fragments():
 def test_a_fragment_changed_on_one_side_only_is_found():
     """The check above can fail: a fragment that differs from the file's text is not in it."""
     single = _words(function_definitions()["durable_start_run_v2"])
-    changed = start_text.admits("v_active", "p_weights[i]", "p_limits[i]").replace("<=", "<")
+    changed = start_text.admits("v_active", "p_weights[i]", "v_limit").replace("<=", "<")
     assert _words(changed) not in single
 
 
@@ -180,7 +182,10 @@ def test_the_batch_start_holds_the_rendered_fragments():
         "u.now",
     )
     insert = start_text.insert_run(row, "FROM").split("FROM")[0]
-    for fragment in (count, start_text.admits("v_count", "v_weight", "v_limits[v_q]"), insert):
+    override = start_text.override_limit(
+        "'concurrency:' || k.key", "p_read_namespace", "clock_timestamp()"
+    )
+    for fragment in (count, override, start_text.admits("v_count", "v_weight", "v_limit"), insert):
         assert _words(fragment) in batch
 
 

@@ -29,6 +29,15 @@ def test_the_migrations_install_every_routine_of_the_file_once(
 
 
 @pytest.mark.parametrize(("file", "operation", "kind", "body"), DIALECTS)
+def test_a_routine_installed_again_was_installed_by_an_earlier_migration(
+    file: RoutineFile, operation: type[InstallRoutines], kind: str, body: str
+):
+    again = routines_installed(operation, replaced=True)
+    assert again  # the start routines, which read the operators' overrides since 0003
+    assert set(again) <= set(routines_installed(operation))
+
+
+@pytest.mark.parametrize(("file", "operation", "kind", "body"), DIALECTS)
 def test_an_operation_naming_a_routine_the_file_does_not_define_is_refused(
     file: RoutineFile, operation: type[InstallRoutines], kind: str, body: str
 ):

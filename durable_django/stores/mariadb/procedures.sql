@@ -46,16 +46,18 @@
 --    from the (tag, status, namespace) index by tag and status; for a rate limit, [tag,
 --    limit, weight, [], per], the sum of the weights of the tag's rows created after
 --    p_now less per seconds, whatever their status, read from the (tag, created_at,
---    weight) index; the first whose sum and weight exceed its limit returns 'refused',
---    its 1-based position and the sum, with nothing written (its own transaction rolled
---    back);
+--    weight) index; its limit is an operator's override's when one of the tag is in
+--    force at p_now for the starts reading p_read_namespace (durable_quota_override,
+--    scope '' for those reading every namespace), else the limit given; the first whose
+--    sum and weight exceed its limit returns 'refused', its 1-based position, the sum and
+--    the limit, with nothing written (its own transaction rolled back);
 -- 5. the run ('pending', created_at and updated_at p_now) and its tags (p_tags, a JSON
 --    array of [tag, weight], and [tag, weight, 1] for a rate limit's tag, whose row keeps
 --    created_at p_now) are inserted, its own transaction committed, and 'created'
 --    returned.
 --
 -- The result is one row, durable_start_run_v2's on PostgreSQL: outcome, refused, active,
--- found_workflow, found_namespace. An error rolls back its own transaction (a transaction
+-- found_workflow, found_namespace, refused_limit. An error rolls back its own transaction (a transaction
 -- of the caller's is the caller's to roll back) and is raised again as it was (a
 -- deadlock's 1213, a duplicate run id's 1062).
 CREATE OR REPLACE PROCEDURE durable_start_run_mariadb_v1(
@@ -146,7 +148,7 @@ body: BEGIN
         IF p_own_transaction THEN
             ROLLBACK;
         END IF;
-        SELECT 'missing', NULL, 0, NULL, NULL;
+        SELECT 'missing', NULL, 0, NULL, NULL, NULL;
         LEAVE body;
     END IF;
 
@@ -158,7 +160,7 @@ body: BEGIN
             IF p_own_transaction THEN
                 ROLLBACK;
             END IF;
-            SELECT 'exists', NULL, 0, v_workflow, v_namespace;
+            SELECT 'exists', NULL, 0, v_workflow, v_namespace, NULL;
             LEAVE body;
         END IF;
     END IF;
@@ -184,11 +186,17 @@ body: BEGIN
                     AND t.created_at > p_now - INTERVAL ROUND(v_per * 1000000) MICROSECOND
                     AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace);
         END IF;
+        -- An operator's override of the tag in force for these starts, in place of the
+        -- limit given (the unique index on (tag, scope) answers it).
+        SELECT COALESCE(MAX(o.quota_limit), v_limit) INTO v_limit
+            FROM durable_quota_override AS o
+            WHERE o.tag = v_tag AND o.scope = COALESCE(p_read_namespace, '')
+                AND (o.until IS NULL OR o.until > p_now);
         IF v_active + v_weight > v_limit THEN
             IF p_own_transaction THEN
                 ROLLBACK;
             END IF;
-            SELECT 'refused', v_i + 1, v_active, NULL, NULL;
+            SELECT 'refused', v_i + 1, v_active, NULL, NULL, v_limit;
             LEAVE body;
         END IF;
         SET v_i = v_i + 1;
@@ -216,5 +224,5 @@ body: BEGIN
     IF p_own_transaction THEN
         COMMIT;
     END IF;
-    SELECT 'created', NULL, v_active, p_workflow, p_namespace;
+    SELECT 'created', NULL, v_active, p_workflow, p_namespace, NULL;
 END;

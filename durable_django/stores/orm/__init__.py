@@ -24,12 +24,13 @@ from ..._core.limits import RATE_TAG_PREFIX, TAG_PREFIX
 from ..._core.records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..._rules.admission import window_start
 from ..._rules.concurrency import Quota
+from ..._rules.overrides import Override
 from ..._rules.tickets import KeptTicket, Ticket
 from ...db import connection_lost
 from ...errors import ConcurrencyLimitError
 from ...models import Run, RunTag, Signal, Step
 from ...status import TERMINAL_STATUSES, RunStatus
-from .. import ticket_rows
+from .. import override_rows, ticket_rows
 from ..base import (
     AsyncReleaseListener,
     ReleaseListener,
@@ -231,6 +232,20 @@ class OrmStore(PostgresPath, MariadbPath, Purging):
 
     def purge_tickets(self, expired_before: datetime, limit: int) -> int:
         return ticket_rows.purge(self.using, expired_before, limit)
+
+    # operators' overrides: durable_django.stores.override_rows -------------------------
+
+    def set_override(self, override: Override) -> None:
+        override_rows.store(self.using, override)
+
+    def clear_override(self, tag: str, scope: str) -> bool:
+        return override_rows.clear(self.using, tag, scope)
+
+    def list_overrides(self, scope: str | None, now: datetime) -> list[Override]:
+        return override_rows.live(self.using, scope, now)
+
+    def override_limits(self, tags: Collection[str], scope: str, now: datetime) -> dict[str, int]:
+        return override_rows.limits(self.using, tags, scope, now)
 
     # runs ---------------------------------------------------------------------------
 

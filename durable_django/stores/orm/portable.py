@@ -325,13 +325,13 @@ def routine_outcome(
 ) -> StartOutcome:
     """A server routine's answer to ``start`` (``durable_start_run_v2``,
     ``durable_start_run_mariadb_v1``): its row ``(outcome, refused, active, workflow,
-    namespace)``, the refusal decoded by ``admission.refused_by``, given its exact
-    ``retry_after`` by ``timed`` for a start under a rate limit
+    namespace, refused_limit)``, the refusal decoded by ``admission.refused_by``, given
+    its exact ``retry_after`` by ``timed`` for a start under a rate limit
     (``base.timed_refusal``), and raised."""
-    outcome, refused, active, workflow, namespace = row
+    outcome, refused, active, workflow, namespace, limit = row
     run = start.run
     if outcome == "refused":
-        refusal = refused_by(start.quotas, refused, active)
+        refusal = refused_by(start.quotas, refused, active, limit)
         raise (refusal if timed is None else timed(refusal)).error(run.workflow)
     if outcome == "exists":
         return existing_outcome(run, workflow, namespace, read_namespace)

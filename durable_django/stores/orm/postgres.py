@@ -19,11 +19,12 @@ from django.utils import timezone
 from ..._core.records import NewRun, RunRecord, StartOutcome, StepRecord
 from ..._rules.admission import decide, refused_by
 from ..._rules.concurrency import Quota
+from ..._rules.overrides import in_force, scope_of
 from ..._rules.tickets import Ticket
 from ...errors import ConcurrencyLimitError
 from ...models import Run, Step, model_field
 from ...status import RunStatus
-from .. import ticket_rows
+from .. import override_rows, ticket_rows
 from ..base import StartRequest, batch_index, decide_read, existing_outcome, timed_refusal
 from ..postgres import arrays, first_start
 from ..postgres.bound import binds_client_side, fetch_one
@@ -46,7 +47,7 @@ from .portable import (
 _LOCK_KEY_SQL = "SELECT durable_lock_quota_key_v1(%s)"
 _LOCK_KEYS_SQL = "SELECT durable_lock_quota_keys_v1(%s::text[])"
 _START_SQL = (
-    "SELECT outcome, refused, active, found_workflow, found_namespace FROM "
+    "SELECT outcome, refused, active, found_workflow, found_namespace, refused_limit FROM "
     "durable_start_run_v2(%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s, %s, %s, "
     "%s::text[], %s::integer[], %s::integer[], %s::text[], %s)"
 )
@@ -54,8 +55,8 @@ _START_SQL = (
 #: concurrency quota) and the start's time, on the starting process's clock.
 _RATED_START_SQL = _START_SQL.removesuffix(")") + ", %s::double precision[], %s::timestamptz)"
 _START_MANY_SQL = (
-    "SELECT position, outcome, refused, active, found_workflow, found_namespace "
-    "FROM durable_start_runs_v2(%s::jsonb, %s)"
+    "SELECT position, outcome, refused, active, found_workflow, found_namespace, "
+    "refused_limit FROM durable_start_runs_v2(%s::jsonb, %s)"
 )
 #: The isolation level of the current transaction, and the first of the keys ``%s``
 #: whose advisory lock (``durable_lock_quota_key_v1``: a bigint, shown by ``pg_locks`` as
@@ -115,7 +116,8 @@ class PostgresPath(PortablePath):
 
         The read is one query string: the transaction's ``BEGIN`` (inside a transaction
         of the caller's, a savepoint), the keys' advisory locks (:meth:`_advisory_locks`),
-        the existing run, every key's units (``portable.units_statement``) and the fair
+        the operators' overrides of the keys (``override_rows.limits_statement``), the
+        existing run, every key's units (``portable.units_statement``) and the fair
         keys' kept tickets (``ticket_rows.lines_statement``). The decision is made in
         Python (``decide_read``). The write is another: the run, its tags, the dropped
         ticket, and the ``COMMIT`` (inside a caller's transaction, the savepoint's
@@ -129,9 +131,13 @@ class PostgresPath(PortablePath):
         query = units_statement(connection, quotas, read_namespace)
         fair_keys = [quota.key for quota in quotas if quota.fair]
         lines_sql, lines_params = ticket_rows.lines_statement(connection, fair_keys, read_namespace)
+        now = timezone.now()
         reads: list[tuple[str, list[Any]]] = [
             (begin, []),
             _lock_statement(sorted({quota.key for quota in quotas})),
+            override_rows.limits_statement(
+                connection, [q.tag for q in quotas], scope_of(read_namespace), now
+            ),
         ]
         if check_existing:
             reads.append((portable_sql(connection).existing, [run.run_id]))
@@ -140,7 +146,8 @@ class PostgresPath(PortablePath):
         reads.append((lines_sql, lines_params))
         with connections[self.using].cursor() as cursor:
             try:
-                results = _results(cursor, *_joined(reads))[2:]
+                overridden, *results = _results(cursor, *_joined(reads))[2:]
+                quotas = in_force(quotas, override_rows.limits_from(overridden))
                 if check_existing and results[0]:
                     workflow, namespace = results[0][0]
                     outcome = existing_outcome(run, workflow, namespace, read_namespace)
@@ -227,12 +234,14 @@ class PostgresPath(PortablePath):
             cursor.execute(sql, params)
             while cursor.nextset():
                 pass
-            found_workflow, found_namespace, inserted, *actives = cursor.fetchone()
+            found_workflow, found_namespace, inserted, *read = cursor.fetchone()
         if found_workflow is not None:
             return existing_outcome(run, found_workflow, found_namespace, read_namespace)
         if inserted:
             return StartOutcome(created=True, workflow=run.workflow, namespace=run.namespace)
-        refusal = decide(quotas, actives)
+        actives, limits = read[0::2], read[1::2]
+        limits_read = {q.tag: int(limit) for q, limit in zip(quotas, limits, strict=True)}
+        refusal = decide(in_force(quotas, limits_read), actives)
         if refusal is not None:
             raise refusal.error(run.workflow)
         # Admitted, but a concurrent start without a quota lock inserted this id first;
@@ -252,12 +261,14 @@ class PostgresPath(PortablePath):
                 rows = cursor.fetchall()
             assert [row[0] for row in rows] == list(range(1, len(starts) + 1))
             outcomes: list[StartOutcome | ConcurrencyLimitError] = []
-            for index, (start, (_, outcome, refused, active, workflow, namespace)) in enumerate(
-                zip(starts, rows, strict=True)
-            ):
+            for index, (
+                start,
+                (_, outcome, refused, active, workflow, namespace, limit),
+            ) in enumerate(zip(starts, rows, strict=True)):
                 run = start.run
                 if outcome == "refused":
-                    outcomes.append(refused_by(start.quotas, refused, active).error(run.workflow))
+                    refusal = refused_by(start.quotas, refused, active, limit)
+                    outcomes.append(refusal.error(run.workflow))
                 elif outcome == "exists":
                     # A clash raises here, inside the transaction: the batch is undone.
                     with batch_index(index):

@@ -225,8 +225,12 @@ $$;
 -- with NULL, which counts nothing). p_tags holds every
 -- tag of the run, its quotas' tags 'concurrency:' || key among them. Returns one row:
 -- outcome 'created', 'exists' (with the existing run's workflow and namespace) or
--- 'refused' (with refused, the 1-based position of the first quota that refused, and
--- active, its key's units).
+-- 'refused' (with refused, the 1-based position of the first quota that refused, active,
+-- its key's units, and refused_limit, the limit it met).
+--
+-- A quota's limit is p_limits[i] unless an operator's override of its tag is in force at
+-- the start's time for the starts reading p_read_namespace (durable_quota_override, scope
+-- '' for those reading every namespace): read under the locks, one index search.
 --
 -- PL/pgSQL takes a fresh snapshot for each statement of a volatile function at READ
 -- COMMITTED, so each count sees every run committed before the locks were granted.
@@ -267,7 +271,8 @@ CREATE OR REPLACE FUNCTION durable_start_run_v2(
     p_pers double precision[] DEFAULT NULL,
     p_now timestamptz DEFAULT NULL
 ) RETURNS TABLE(
-    outcome text, refused integer, active bigint, found_workflow text, found_namespace text
+    outcome text, refused integer, active bigint, found_workflow text, found_namespace text,
+    refused_limit integer
 )
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
@@ -278,6 +283,7 @@ AS $$
 DECLARE
     v_quotas integer := coalesce(cardinality(p_keys), 0);
     v_active bigint := 0;
+    v_limit integer;
     v_now timestamptz := coalesce(p_now, clock_timestamp());
     v_tag text;
 BEGIN
@@ -299,7 +305,7 @@ BEGIN
     END IF;
     IF p_check_existing THEN
         RETURN QUERY SELECT 'exists'::text, NULL::integer, 0::bigint, r.workflow::text,
-                r.namespace::text
+                r.namespace::text, NULL::integer
             FROM durable_run r WHERE r.id = p_id;
         IF FOUND THEN
             RETURN;
@@ -333,8 +339,11 @@ BEGIN
                     AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
             );
         END IF;
-        IF NOT (v_active + p_weights[i] <= p_limits[i]) THEN
-            RETURN QUERY SELECT 'refused'::text, i, v_active, NULL::text, NULL::text;
+        v_limit := coalesce((SELECT o.quota_limit FROM durable_quota_override AS o
+            WHERE o.tag = v_tag AND o.scope = coalesce(p_read_namespace, '')
+                AND (o.until IS NULL OR o.until > v_now)), p_limits[i]);
+        IF NOT (v_active + p_weights[i] <= v_limit) THEN
+            RETURN QUERY SELECT 'refused'::text, i, v_active, NULL::text, NULL::text, v_limit;
             RETURN;
         END IF;
     END LOOP;
@@ -349,7 +358,7 @@ BEGIN
     IF NOT FOUND THEN
         -- A concurrent start inserted this id first; it has committed by now.
         RETURN QUERY SELECT 'exists'::text, NULL::integer, 0::bigint, r.workflow::text,
-                r.namespace::text
+                r.namespace::text, NULL::integer
             FROM durable_run r WHERE r.id = p_id;
         RETURN;
     END IF;
@@ -361,7 +370,8 @@ BEGIN
         LEFT JOIN unnest(p_keys, p_weights, p_pers) AS q(key, weight, per)
             ON t.tag = CASE WHEN q.per IS NULL THEN 'concurrency:' ELSE 'rate:' END || q.key
     ) AS t(tag, weight, created_at);
-    RETURN QUERY SELECT 'created'::text, NULL::integer, v_active, p_workflow, p_namespace;
+    RETURN QUERY SELECT 'created'::text, NULL::integer, v_active, p_workflow, p_namespace,
+        NULL::integer;
 END
 $$;
 
@@ -431,7 +441,9 @@ $$;
 --    in): batches and single starts serialise on the same locks and never wait on each
 --    other in a cycle, in whatever order their elements name the keys (a lock this
 --    transaction holds is taken again without waiting). Everything below is read by
---    statements begun after the locks were granted.
+--    statements begun after the locks were granted, first each key's operator's
+--    override in force (its limit in place of the elements' for that key), as
+--    durable_start_run_v2 reads it.
 -- 3. One statement reads, for each id that an element checking existing names, the run
 --    holding it (in any namespace); none when no element checks existing.
 -- 4. One statement counts the units of each distinct (key, status) pair once: the sum of
@@ -443,7 +455,8 @@ $$;
 --    checks existing and whose id is held (before the batch, or by an earlier element)
 --    is 'exists'; else each of its quotas in order, its units being its counting's plus,
 --    when its row of statuses names 'pending', those the batch's created runs added to
---    its key: the first over its limit refuses ('refused', its position, its units; a
+--    its key: the first over its limit refuses ('refused', its position, its units and
+--    the limit it met; a
 --    weight below 1 raises when its quota is reached, as there); else, when its id is
 --    held, 'exists' (durable_start_run_v2's insert meets the id); else 'created', with
 --    the units of its last quota, and its run's units are added.
@@ -463,7 +476,7 @@ CREATE OR REPLACE FUNCTION durable_start_runs_v2(
     p_read_namespace text
 ) RETURNS TABLE(
     "position" integer, outcome text, refused integer, active bigint, found_workflow text,
-    found_namespace text
+    found_namespace text, refused_limit integer
 )
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
@@ -503,6 +516,7 @@ DECLARE
     v_weights integer[];
     -- per key of the batch, by number
     v_key_names text[];
+    v_key_limits integer[];  -- its operator's override's limit (NULL: none in force)
     v_added bigint[];  -- the units the batch's created runs added
     -- per counting, by number
     v_counting_units bigint[];  -- the units it counts before the batch
@@ -525,6 +539,7 @@ DECLARE
     v_outcomes text[];
     v_refused integer[];
     v_active bigint[];
+    v_refused_limits integer[];
     v_found_workflows text[];
     v_found_namespaces text[];
     -- the loop
@@ -533,6 +548,7 @@ DECLARE
     v_first integer;
     v_held integer;
     v_weight integer;
+    v_limit integer;
     v_count bigint;
     v_refusing integer;
     v_made integer := 0;
@@ -675,6 +691,13 @@ BEGIN
 
     IF v_key_names IS NOT NULL THEN
         PERFORM durable_lock_quota_keys_v1(v_key_names);
+        v_key_limits := ARRAY(
+            SELECT (SELECT o.quota_limit FROM durable_quota_override AS o
+                WHERE o.tag = 'concurrency:' || k.key AND o.scope = coalesce(p_read_namespace, '')
+                    AND (o.until IS NULL OR o.until > clock_timestamp()))
+            FROM unnest(v_key_names) WITH ORDINALITY AS k(key, n)
+            ORDER BY k.n
+        );
     END IF;
 
     v_held_workflows := array_fill(NULL::text, ARRAY[v_n]);
@@ -717,6 +740,7 @@ BEGIN
     v_outcomes := array_fill(NULL::text, ARRAY[v_n]);
     v_refused := array_fill(NULL::integer, ARRAY[v_n]);
     v_active := array_fill(0::bigint, ARRAY[v_n]);
+    v_refused_limits := array_fill(NULL::integer, ARRAY[v_n]);
     v_found_workflows := array_fill(NULL::text, ARRAY[v_n]);
     v_found_namespaces := array_fill(NULL::text, ARRAY[v_n]);
     -- The decision of durable_start_run_v2 (its definition), for each element in order.
@@ -740,7 +764,8 @@ BEGIN
             END IF;
             v_count := v_counting_units[v_quota_countings[v_q]]
                 + v_counting_pendings[v_quota_countings[v_q]] * v_added[v_quota_keys[v_q]];
-            IF NOT (v_count + v_weight <= v_limits[v_q]) THEN
+            v_limit := coalesce(v_key_limits[v_quota_keys[v_q]], v_limits[v_q]);
+            IF NOT (v_count + v_weight <= v_limit) THEN
                 v_refusing := v_q - v_first + 1;
                 EXIT;
             END IF;
@@ -749,6 +774,7 @@ BEGIN
             v_outcomes[v_e] := 'refused';
             v_refused[v_e] := v_refusing;
             v_active[v_e] := v_count;
+            v_refused_limits[v_e] := v_limit;
         ELSIF v_held_workflows[v_held] IS NOT NULL THEN
             v_outcomes[v_e] := 'exists';
             v_found_workflows[v_e] := v_held_workflows[v_held];
@@ -804,7 +830,7 @@ BEGIN
                 ORDER BY e.ordinality
             LOOP
                 RETURN QUERY SELECT v_position, s.outcome, s.refused, s.active, s.found_workflow,
-                    s.found_namespace
+                    s.found_namespace, s.refused_limit
                 FROM durable_start_run_v2(
                     v_run ->> 'id',
                     (v_run ->> 'check_existing')::boolean,
@@ -846,9 +872,11 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT o.ord::integer, o.oc, o.rf, o.ac, o.fw, o.fn
-    FROM unnest(v_outcomes, v_refused, v_active, v_found_workflows, v_found_namespaces)
-        WITH ORDINALITY AS o(oc, rf, ac, fw, fn, ord);
+    SELECT o.ord::integer, o.oc, o.rf, o.ac, o.fw, o.fn, o.rl
+    FROM unnest(
+        v_outcomes, v_refused, v_active, v_found_workflows, v_found_namespaces,
+        v_refused_limits
+    ) WITH ORDINALITY AS o(oc, rf, ac, fw, fn, rl, ord);
 END
 $$;
 

@@ -8,10 +8,11 @@ compiles the function. Both are made of the fragments here: the index search of 
 function, whose statuses are an argument; :func:`units_of_statuses` in the statements,
 whose statuses are known as they are written), a rate limit's units in its window
 (:func:`window_units`, the function's alone: a start under a rate limit always calls it),
+the limit in force, an operator's override or the declared one (:func:`limit_in_force`),
 the admission condition (:func:`admits`) and the inserts of the run and its tags
 (:func:`insert_run`, :func:`insert_tags`). The
-set-based batch ``durable_start_runs_v2`` uses :func:`search`, :func:`admits` and
-:func:`insert_run` too.
+set-based batch ``durable_start_runs_v2`` uses :func:`search`, :func:`override_limit`,
+:func:`admits` and :func:`insert_run` too.
 
 ``functions.sql`` holds the functions as released, written out once there;
 ``tests/stores/test_postgresql_functions.py`` binds them to this module: each fragment,
@@ -93,6 +94,23 @@ def window_units(tag: str, since: str, namespace: str | None) -> str:
     return text
 
 
+def override_limit(tag: str, namespace: str, now: str) -> str:
+    """The limit of an operator's override of ``tag`` in force at ``now`` for the starts
+    reading ``namespace`` (NULL: every namespace, the scope ``''``), as one scalar
+    subquery: NULL when none is (``overrides.scope_of``). The table's unique index on
+    (tag, scope) answers it."""
+    return (
+        "(SELECT o.quota_limit FROM durable_quota_override AS o\n"
+        f"WHERE o.tag = {tag} AND o.scope = coalesce({namespace}, '')\n"
+        f"    AND (o.until IS NULL OR o.until > {now}))"
+    )
+
+
+def limit_in_force(declared: str, tag: str, namespace: str, now: str) -> str:
+    """A quota's limit: its override's (:func:`override_limit`), else ``declared``."""
+    return f"coalesce({override_limit(tag, namespace, now)}, {declared})"
+
+
 def admits(units: str, weight: str, limit: str) -> str:
     """The admission of one quota: its units and the start's weight within its limit."""
     return f"{units} + {weight} <= {limit}"
@@ -168,10 +186,11 @@ def statements(
 ) -> tuple[str, list[Any]]:
     """``durable_start_run_v2``'s work as one query string, its parameters bound on the
     client: the lock of each key, then one statement that checks for an existing run
-    (``check_existing``), counts each quota's units (:func:`units`), and inserts the run
-    and its tags (:func:`insert_run`, :func:`insert_tags`) when every quota admits its
-    weight (:func:`admits`). Its one row: the existing run's workflow and namespace (or
-    NULLs), whether the run was inserted, and each quota's units.
+    (``check_existing``), counts each quota's units (:func:`units`), reads its limit in
+    force (:func:`limit_in_force`), and inserts the run and its tags (:func:`insert_run`,
+    :func:`insert_tags`) when every quota admits its weight (:func:`admits`). Its one
+    row: the existing run's workflow and namespace (or NULLs), whether the run was
+    inserted, and each quota's units and limit.
 
     The locks are ``durable_lock_quota_key_v1``'s, one statement per key in the keys' code
     point order, which is ``durable_lock_quota_keys_v1``'s byte order: the function's
@@ -195,11 +214,14 @@ def statements(
         ctes.append(f"q{number} AS (\n{count}\n)")
         for status in statuses:
             params += [TAG_PREFIX + quota.key, status, *namespaces]
-    admitted = [admits(f"q{number}.active", "%s", "%s") for number in numbers]
-    params_admitted = [value for quota in quotas for value in (quota.weight, quota.limit)]
+        limit = limit_in_force("%s", "%s", "%s::text", "clock_timestamp()")
+        ctes.append(f"l{number} AS (SELECT {limit} AS lim)")
+        params += [TAG_PREFIX + quota.key, read_namespace, quota.limit]
+    admitted = [admits(f"q{number}.active", "%s", f"l{number}.lim") for number in numbers]
+    params_admitted = [quota.weight for quota in quotas]
     if check_existing:
         admitted.append("NOT EXISTS (SELECT FROM existing)")
-    counts = "".join(f", q{number}" for number in numbers)
+    counts = "".join(f", q{number}, l{number}" for number in numbers)
     row = run_row("%s", "%s", "%s", "%s", "%s", "%s::jsonb", "%s", "%s", "clock.at")
     where = "WHERE " + " AND ".join(admitted) + "\n" if admitted else ""
     ctes.append(
@@ -229,12 +251,12 @@ def statements(
         if check_existing
         else "NULL, NULL"
     )
-    actives = "".join(f", q{number}.active" for number in numbers)
+    actives = "".join(f", q{number}.active, l{number}.lim" for number in numbers)
     sql = (
         locks
         + "WITH "
         + ",\n".join(ctes)
         + f"\nSELECT {existing}, EXISTS (SELECT FROM run){actives}"
-        + (" FROM " + ", ".join(f"q{number}" for number in numbers) if quotas else "")
+        + (" FROM " + ", ".join(f"q{n}, l{n}" for n in numbers) if quotas else "")
     )
     return sql, params
