@@ -9,7 +9,8 @@ transactional, as the kept tickets written on a connection of their own need), a
 outcome is compared, then the runs and their tag rows.
 
 Quotas of both kinds are drawn, a rate limit and a concurrency quota sharing a key
-at times. The paths: on PostgreSQL ``durable_start_run_v2`` (a connection that has started before),
+at times, and operators' overrides of their limits are set (some already ended) and
+cleared between the starts. The paths: on PostgreSQL ``durable_start_run_v2`` (a connection that has started before),
 the first start's statements (``first_start``: every start a connection's first), the
 set-based batch (``durable_start_runs_v2``, on both) and the portable path; on MySQL and
 MariaDB the procedure and the portable path; on SQLite the portable path.
@@ -29,6 +30,7 @@ from django.utils import timezone
 
 from durable_django._core.records import NewRun, StartOutcome
 from durable_django._rules.concurrency import Quota
+from durable_django._rules.overrides import Override
 from durable_django._rules.tickets import KeptTicket, Ticket, issue
 from durable_django.errors import ConcurrencyLimitError
 from durable_django.models import RunTag
@@ -128,7 +130,9 @@ class Scenario:
 
     def op(self) -> Op:
         draw = self.draw
-        kind = draw.choice(["start"] * 4 + ["batch"] * 2 + ["move"] * 3 + ["retry", "ticket"])
+        kind = draw.choice(
+            ["start"] * 4 + ["batch"] * 2 + ["move"] * 3 + ["retry", "ticket", "override"]
+        )
         read = draw.choice([None, None, "default", "blue"])
         if kind in ("move", "retry") and self.made:
             run_id = draw.choice(self.made)
@@ -137,6 +141,8 @@ class Scenario:
             return ("move", run_id, draw.choice([*STATUSES, "failed", "completed"]))
         if kind == "ticket":
             return self.ticket_op()
+        if kind == "override":
+            return self.override_op()
         if kind == "batch":
             elements = [self.element()]
             for _ in range(draw.randint(0, 4)):
@@ -146,6 +152,18 @@ class Scenario:
             return ("batch", elements, read)
         ticket = draw.choice(self.tickets) if self.tickets and draw.random() < 0.5 else None
         return ("start", self.element(), read, ticket)
+
+    def override_op(self) -> Op:
+        """An operator's override set (in force, or one whose ``until`` has passed) or
+        cleared, of a concurrency or a rate key, for the starts reading every namespace
+        (scope ``""``) or one."""
+        draw = self.draw
+        tag = draw.choice(["concurrency:", "rate:"]) + draw.choice(self.keys)
+        scope = draw.choice(["", "", "default", "blue"])
+        if draw.random() < 0.3:
+            return ("clear", tag, scope)
+        until = draw.choice([None, None, HOUR, -HOUR])
+        return ("override", tag, scope, draw.randint(0, 5), until)
 
     def ticket_op(self) -> Op:
         draw = self.draw
@@ -229,6 +247,12 @@ def apply(store: BaseStore, op: Op) -> Any:
     if kind == "move":
         run = store.get_run(op[1])
         return None if run is None else store.transition(op[1], [run.status], op[2])
+    if kind == "override":
+        tag, scope, limit, until = op[1:]
+        ends = None if until is None else now + until
+        return store.set_override(Override.from_tag(tag, limit, ends, scope, now))
+    if kind == "clear":
+        return store.clear_override(*op[1:])
     if kind == "keep":
         ticket, namespace, most = op[1:]
         kept = KeptTicket(
