@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.execution_settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.common.execution_settings")
 
 
 def parse_args() -> argparse.Namespace:
@@ -71,8 +71,8 @@ def child(args: argparse.Namespace) -> None:
     django.setup()
     from django.db import connection
 
-    from benchmarks.execution_work import TABLE
-    from benchmarks.execution_work import three_writes as workflow
+    from benchmarks.common.execution_work import TABLE
+    from benchmarks.common.execution_work import three_writes as workflow
     from durable_django import Engine
 
     engine = Engine(enqueue=False)
@@ -103,12 +103,12 @@ def main() -> None:
         return
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from benchmarks.database import set_up_django
+    from benchmarks.common.database import set_up_django
 
     set_up_django(args.database)
     from django.db import connection
 
-    from benchmarks.execution_work import TABLE
+    from benchmarks.common.execution_work import TABLE
 
     with connection.cursor() as cursor:
         cursor.execute(
