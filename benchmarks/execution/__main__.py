@@ -202,6 +202,14 @@ def empty_tables() -> None:
 # workers ------------------------------------------------------------------------------
 
 
+def execution_modules(root: Path) -> tuple[str, str, str]:
+    """The settings, Celery app and work modules of the checkout at ``root``: in
+    ``benchmarks/common/``, or at the top of ``benchmarks/`` in a checkout from before
+    the benchmarks were packages (a ``--base`` worker runs the checkout's own)."""
+    prefix = "benchmarks.common." if (root / "benchmarks" / "common").is_dir() else "benchmarks."
+    return f"{prefix}execution_settings", f"{prefix}execution_app", f"{prefix}execution_work"
+
+
 class Worker:
     """A ``celery worker --pool=solo`` subprocess consuming one queue."""
 
@@ -230,9 +238,10 @@ class Worker:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, connections: str, synchronous_commit: str, prepared: bool) -> None:
+        settings_module, app_module, work_module = execution_modules(self.root)
         env = dict(os.environ)
         env.update(
-            DJANGO_SETTINGS_MODULE="benchmarks.common.execution_settings",
+            DJANGO_SETTINGS_MODULE=settings_module,
             DURABLE_BENCH_CONNECTIONS=connections,
             DURABLE_BENCH_APPLICATION=self.application,
             DURABLE_BENCH_SYNCHRONOUS_COMMIT=synchronous_commit,
@@ -250,7 +259,7 @@ class Worker:
                 "-m",
                 "celery",
                 "-A",
-                "benchmarks.common.execution_app",
+                app_module,
                 "worker",
                 "--pool=solo",
                 "--concurrency=1",
@@ -259,7 +268,7 @@ class Worker:
                 "--without-mingle",
                 "--without-heartbeat",
                 "--include",
-                "benchmarks.common.execution_work",
+                work_module,
                 "-Q",
                 self.queue,
                 "-n",
