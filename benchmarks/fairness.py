@@ -65,7 +65,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.common.settings")
 
 SPREAD = 0.2
 HISTORY = 50
@@ -586,7 +586,7 @@ def diagnostics(halves: list[Half], args: argparse.Namespace) -> None:
 
 def main() -> None:
     args = parse_args()
-    from benchmarks.database import set_up_django
+    from benchmarks.common.database import set_up_django
 
     set_up_django(args.database)
 

@@ -1,6 +1,6 @@
 """Where the time of a start on a new PostgreSQL connection goes.
 
-Run from the repository root, after ``benchmarks/start_path.py`` made its database::
+Run from the repository root, after ``benchmarks.start_path`` made its database::
 
     .venv/bin/python benchmarks/fresh_connection.py [--database durable_bench] [--connections 200]
 
@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--database", default="durable_bench")
     parser.add_argument("--connections", type=int, default=200)
     args = parser.parse_args()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.common.settings")
     os.environ["DURABLE_BENCH_DB"] = args.database
     import django
 

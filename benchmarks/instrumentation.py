@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.execution_settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.common.execution_settings")
 
 
 def parse_args() -> argparse.Namespace:
@@ -71,8 +71,12 @@ def child(args: argparse.Namespace) -> None:
     django.setup()
     from django.db import connection
 
-    from benchmarks.execution_work import TABLE
-    from benchmarks.execution_work import three_writes as workflow
+    try:
+        from benchmarks.common.execution_work import TABLE
+        from benchmarks.common.execution_work import three_writes as workflow
+    except ModuleNotFoundError:  # a --base checkout from before benchmarks/common/
+        from benchmarks.execution_work import TABLE  # type: ignore[no-redef]
+        from benchmarks.execution_work import three_writes as workflow  # type: ignore[no-redef]
     from durable_django import Engine
 
     engine = Engine(enqueue=False)
@@ -103,12 +107,12 @@ def main() -> None:
         return
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from benchmarks.database import set_up_django
+    from benchmarks.common.database import set_up_django
 
     set_up_django(args.database)
     from django.db import connection
 
-    from benchmarks.execution_work import TABLE
+    from benchmarks.common.execution_work import TABLE
 
     with connection.cursor() as cursor:
         cursor.execute(
@@ -127,6 +131,8 @@ def main() -> None:
         for name in names[number % len(names) :] + names[: number % len(names)]:
             root, mode = variants[name]
             env = {**os.environ, "PYTHONPATH": str(root), "DURABLE_BENCH_DB": args.database}
+            if not (root / "benchmarks" / "common").is_dir():  # a checkout from before
+                env["DJANGO_SETTINGS_MODULE"] = "benchmarks.execution_settings"
             command = [sys.executable, str(ROOT / "benchmarks" / "instrumentation.py")]
             command += ["--child", mode, "--runs", str(args.runs), "--batches", str(args.batches)]
             output = subprocess.run(

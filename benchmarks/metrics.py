@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import os
 import statistics
 import sys
@@ -37,7 +38,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # after PYTHONPATH: another checkout there is measured
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+# The settings of the checkout measured: in benchmarks/common/, or benchmarks/settings.py in
+# a checkout from before the benchmarks were packages.
+os.environ.setdefault(
+    "DJANGO_SETTINGS_MODULE",
+    "benchmarks.common.settings"
+    if importlib.util.find_spec("benchmarks.common")
+    else "benchmarks.settings",
+)
 
 LIBRARIES = ("opentelemetry", "prometheus_client")
 

@@ -14,8 +14,9 @@ broker, no worker), executes:
 - **ctx.step turn**: ``--turns`` turns of ``bench.three_writes`` (three ``ctx.step``
   inserts, started under a quota beforehand; the starts are not counted);
 - **floor**: ``--turns`` times the same commits with the cheapest writes, as
-  ``benchmarks/execution.py`` defines it (``floor_three_writes``: the three inserts and
-  the claim's, two records' and the end's one-row inserts).
+  ``benchmarks.execution`` defines it in ``benchmarks/common/execution_work.py``
+  (``floor_three_writes``: the three inserts and the claim's, two records' and the end's
+  one-row inserts).
 
 For each it prints, per turn: the WAL records and bytes (``pg_stat_wal``, and the
 distance ``pg_current_wal_lsn()`` moved), the updates of ``durable_run`` and
@@ -49,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.common.settings")
 
 PG_BIN = Path(os.environ.get("DURABLE_PG_BIN", "/usr/lib/postgresql/15/bin"))
 DATABASE = "durable_bench_turn_wal"
@@ -290,14 +291,14 @@ def main() -> None:
         os.environ.update(
             DURABLE_BENCH_HOST="127.0.0.1", DURABLE_BENCH_PORT=str(port), DURABLE_BENCH_DB=DATABASE
         )
-        from benchmarks.database import set_up_django
+        from benchmarks.common.database import set_up_django
 
         set_up_django(DATABASE)
         from django.utils import timezone
 
         import durable_django
-        from benchmarks.execution_work import FLOOR_TABLE, TABLE, floor_three_writes
-        from benchmarks.execution_work import three_writes as workflow
+        from benchmarks.common.execution_work import FLOOR_TABLE, TABLE, floor_three_writes
+        from benchmarks.common.execution_work import three_writes as workflow
         from durable_django import Engine
 
         sql(

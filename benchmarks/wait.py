@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.common.settings")
 
 GOAL_P95 = 0.050
 WAYS = ("notify", "backed-off poll", "1 s poll")
@@ -260,7 +260,7 @@ def trigger_cost(args: argparse.Namespace) -> None:
 
 def main() -> None:
     args = parse_args()
-    from benchmarks.database import set_up_django
+    from benchmarks.common.database import set_up_django
 
     set_up_django(args.database)
 

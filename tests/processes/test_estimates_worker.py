@@ -2,7 +2,7 @@
 1, executed by a worker on the suite's broker; each refusal's estimate is checked against
 what the key's recorded history allows, and compared with when its slot truly freed.
 
-How close the estimate comes is measured by ``benchmarks/retry_after.py`` (no timing is
+How close the estimate comes is measured by ``benchmarks.retry_after`` (no timing is
 asserted here: the machine may be slow); this test prints the errors it saw."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/execution.py [--runs 2000] [--rounds 3]
+    .venv/bin/python -m benchmarks.execution [--runs 2000] [--rounds 3]
 
 It (re)creates the PostgreSQL database ``durable_bench_exec`` (``--database``), migrates
 it, creates the tables ``bench_exec_write`` and ``bench_exec_floor``, and starts three
@@ -78,10 +78,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.execution_settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.common.execution_settings")
 
 #: The goals: (numerator, denominator, at least) on runs/s.
 GOALS = (
@@ -193,13 +193,21 @@ def sql(statement: str, params: list | None = None) -> list[tuple]:
 
 
 def empty_tables() -> None:
-    from benchmarks.execution_work import FLOOR_TABLE, TABLE
+    from benchmarks.common.execution_work import FLOOR_TABLE, TABLE
 
     # No ANALYZE: the tables fill from empty, and autovacuum analyses them as they grow.
     sql(f"TRUNCATE {', '.join([*BENCH_TABLES, TABLE, FLOOR_TABLE])} RESTART IDENTITY CASCADE")
 
 
 # workers ------------------------------------------------------------------------------
+
+
+def execution_modules(root: Path) -> tuple[str, str, str]:
+    """The settings, Celery app and work modules of the checkout at ``root``: in
+    ``benchmarks/common/``, or at the top of ``benchmarks/`` in a checkout from before
+    the benchmarks were packages (a ``--base`` worker runs the checkout's own)."""
+    prefix = "benchmarks.common." if (root / "benchmarks" / "common").is_dir() else "benchmarks."
+    return f"{prefix}execution_settings", f"{prefix}execution_app", f"{prefix}execution_work"
 
 
 class Worker:
@@ -230,9 +238,10 @@ class Worker:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, connections: str, synchronous_commit: str, prepared: bool) -> None:
+        settings_module, app_module, work_module = execution_modules(self.root)
         env = dict(os.environ)
         env.update(
-            DJANGO_SETTINGS_MODULE="benchmarks.execution_settings",
+            DJANGO_SETTINGS_MODULE=settings_module,
             DURABLE_BENCH_CONNECTIONS=connections,
             DURABLE_BENCH_APPLICATION=self.application,
             DURABLE_BENCH_SYNCHRONOUS_COMMIT=synchronous_commit,
@@ -250,7 +259,7 @@ class Worker:
                 "-m",
                 "celery",
                 "-A",
-                "benchmarks.execution_app",
+                app_module,
                 "worker",
                 "--pool=solo",
                 "--concurrency=1",
@@ -259,7 +268,7 @@ class Worker:
                 "--without-mingle",
                 "--without-heartbeat",
                 "--include",
-                "benchmarks.execution_work",
+                work_module,
                 "-Q",
                 self.queue,
                 "-n",
@@ -290,7 +299,7 @@ class Worker:
                 "-m",
                 "procrastinate",
                 "--app",
-                "benchmarks.execution_procrastinate.app",
+                "benchmarks.execution.procrastinate_app.app",
                 "worker",
                 "--concurrency",
                 "1",
@@ -494,7 +503,7 @@ def main() -> None:
     os.environ["DURABLE_BENCH_CONNECTIONS"] = args.connections
     procrastinate_database = f"{args.database}_procrastinate"
     os.environ["DURABLE_BENCH_PROCRASTINATE_DB"] = procrastinate_database
-    from benchmarks.database import recreate_database
+    from benchmarks.common.database import recreate_database
 
     recreate_database(args.database)
     recreate_database(procrastinate_database)
@@ -506,8 +515,8 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import connection
 
-    from benchmarks.execution_app import app
-    from benchmarks.execution_work import (
+    from benchmarks.common.execution_app import app
+    from benchmarks.common.execution_work import (
         FLOOR_QUEUE,
         FLOOR_TABLE,
         PLAIN_QUEUE,
@@ -517,7 +526,7 @@ def main() -> None:
         plain_three_writes,
         three_transactions,
     )
-    from benchmarks.execution_work import three_writes as workflow
+    from benchmarks.common.execution_work import three_writes as workflow
     from durable_django import Engine
     from durable_django.engines import default_engine
 
@@ -535,9 +544,9 @@ def main() -> None:
     purged = sum(purge(app, queue) for queue in queues)
 
     # Procrastinate's schema, in its database; this process defers through a sync pool.
-    from benchmarks.execution_procrastinate import QUEUE as PROCRASTINATE_QUEUE
-    from benchmarks.execution_procrastinate import app as procrastinate_app
-    from benchmarks.execution_procrastinate import procrastinate_three_writes
+    from benchmarks.execution.procrastinate_app import QUEUE as PROCRASTINATE_QUEUE
+    from benchmarks.execution.procrastinate_app import app as procrastinate_app
+    from benchmarks.execution.procrastinate_app import procrastinate_three_writes
 
     procrastinate_app.open()
     procrastinate_app.schema_manager.apply_schema()

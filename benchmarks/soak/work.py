@@ -1,4 +1,4 @@
-"""The workflow ``benchmarks/soak.py`` starts: a few short steps, and by its input a durable
+"""The workflow ``benchmarks.soak`` starts: a few short steps, and by its input a durable
 sleep, a wait for a signal, a child run or a failing step.
 
 Its quota key is ``input["key"]``, which ends with the key's limit (``soak:a:2`` admits

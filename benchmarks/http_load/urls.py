@@ -1,4 +1,4 @@
-"""The example site's URLs for ``benchmarks/http_load.py``, with ``POST
+"""The example site's URLs for ``benchmarks.http_load``, with ``POST
 /tenants/<slug>/plain``: what a view would do without durable_django, the same
 authentication and body, a row inserted and a Celery task's ``.delay()``."""
 

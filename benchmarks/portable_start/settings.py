@@ -1,4 +1,4 @@
-"""Django settings of ``benchmarks/portable_start.py``: one alias per database, each a
+"""Django settings of ``benchmarks.portable_start``: one alias per database, each a
 database of its own (PostgreSQL and MariaDB made anew, SQLite a new file)."""
 
 import os

@@ -2,10 +2,10 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/soak.py [--seconds 60] [--database postgres|mariadb|sqlite]
+    .venv/bin/python -m benchmarks.soak [--seconds 60] [--database postgres|mariadb|sqlite]
 
 For ``--seconds``, ``--starters`` processes start runs of ``soak.turn``
-(``benchmarks/soak_work.py``) on a few quota keys with small limits, and now and then
+(``benchmarks/soak/work.py``) on a few quota keys with small limits, and now and then
 cancel one of their runs, retry a failed one or signal a waiting one; ``--workers`` real
 Celery workers (threads pool) execute the runs on Redis, and one of them is killed with
 SIGKILL every ``--kill-every`` seconds and replaced; two ``manage.py durable tick
@@ -25,7 +25,7 @@ or a row is orphaned or out of step.
 The database is made anew: PostgreSQL or MariaDB database ``durable_soak``
 (``--name``), or an SQLite file in a temporary folder. The Redis database
 ``redis://127.0.0.1:6379/12`` is emptied first. Leases are 4 s and lost messages are
-resent after 5 s (``benchmarks/soak_settings.py``), so a killed worker's runs come back
+resent after 5 s (``benchmarks/soak/settings.py``), so a killed worker's runs come back
 within the soak. See docs/failure-modes.md.
 """
 
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -82,7 +82,7 @@ def parse_args() -> argparse.Namespace:
 
 def configure(args: argparse.Namespace) -> None:
     """Environment of this process and of every process it starts."""
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.soak_settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.soak.settings"
     os.environ["DURABLE_SOAK_DB"] = args.database
     os.environ["DURABLE_SOAK_NAME"] = args.name
     os.environ.setdefault("DURABLE_SOAK_QUEUE", f"durable_soak_{uuid.uuid4().hex[:8]}")
@@ -138,7 +138,7 @@ class OwnPostgres:
 
 def recreate_database(args: argparse.Namespace) -> None:
     if args.database == "postgres":
-        from benchmarks.database import recreate_database as recreate_postgres
+        from benchmarks.common.database import recreate_database as recreate_postgres
 
         recreate_postgres(args.name)
     elif args.database == "mariadb":
@@ -210,7 +210,7 @@ def start_worker(index: int, threads: int) -> Child:
             "-m",
             "celery",
             "-A",
-            "benchmarks.soak_app",
+            "benchmarks.soak.app",
             "worker",
             "--pool=threads",
             f"--concurrency={threads}",
@@ -219,7 +219,7 @@ def start_worker(index: int, threads: int) -> Child:
             "--without-mingle",
             "--without-heartbeat",
             "--include",
-            "benchmarks.soak_work",
+            "benchmarks.soak.work",
             "-Q",
             queue,
             "-n",
@@ -231,7 +231,7 @@ def start_worker(index: int, threads: int) -> Child:
 def start_ticker(index: int) -> Child:
     return Child(
         f"ticker{index}",
-        [sys.executable, "benchmarks/soak_manage.py", "durable", "tick", "--interval", "1"],
+        [sys.executable, "-m", "benchmarks.soak.manage", "durable", "tick", "--interval", "1"],
     )
 
 
@@ -244,8 +244,8 @@ def starter_main(
     django.setup()
     from django.db import DatabaseError, close_old_connections
 
-    import benchmarks.soak_app  # noqa: F401  (messages go to the soak's broker)
-    from benchmarks.soak_work import turn
+    import benchmarks.soak.app  # noqa: F401  (messages go to the soak's broker)
+    from benchmarks.soak.work import turn
     from durable_django import ConcurrencyLimitError, DurableError
     from durable_django import engine as default_engine
 
@@ -520,7 +520,3 @@ def summarise(
     print()
     print("FAILED" if failed else "OK: never over a limit, every run ended, no orphan or drift")
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

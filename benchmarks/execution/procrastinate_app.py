@@ -1,11 +1,11 @@
-"""The Procrastinate variant of ``benchmarks/execution.py``: one job making the three
+"""The Procrastinate variant of ``benchmarks.execution``: one job making the three
 inserts of the plain Celery task.
 
 Procrastinate keeps its queue in PostgreSQL: its schema is in a database of the
 benchmark's own (``DURABLE_BENCH_PROCRASTINATE_DB``), and the job writes to the
 benchmark's table in the benchmark's database (``DURABLE_BENCH_DB``), over one
 connection the worker keeps open, one autocommitted ``INSERT`` per write. Its worker
-runs ``python -m procrastinate --app benchmarks.execution_procrastinate.app worker
+runs ``python -m procrastinate --app benchmarks.execution.procrastinate_app.app worker
 --concurrency 1``; the job is a coroutine, Procrastinate's own way (a plain function
 would run in a thread).
 """
@@ -18,7 +18,7 @@ from typing import Any
 import procrastinate
 import psycopg
 
-#: The table of ``benchmarks.execution_work`` (``TABLE``), which needs Django to import.
+#: The table of ``benchmarks.common.execution_work`` (``TABLE``), which needs Django to import.
 TABLE = "bench_exec_write"
 
 QUEUE = "durable_bench_exec_procrastinate"

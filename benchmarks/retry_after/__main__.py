@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/retry_after.py [--probes 60] [--trials 200]
+    .venv/bin/python -m benchmarks.retry_after [--probes 60] [--trials 200]
 
 It (re)creates the PostgreSQL database ``durable_bench_retry_after`` (``--database``),
 migrates it, and measures two ways, with runs that hold their slot 2 s ± 20 % (uniform):
@@ -14,7 +14,7 @@ migrates it, and measures two ways, with runs that hold their slot 2 s ± 20 % (
   duration ends. For limits 1, 3 and 10, with runs of 2 s ± 20 % and of 10 s ± 20 %.
 - **real worker**: a Celery worker (``--pool=threads``, ``LIMIT`` threads, Redis broker
   ``redis://127.0.0.1:6379/13``, a queue of its own) executes ``bench.sleep`` runs
-  (``benchmarks/retry_after_work.py``: one step sleeping the run's duration) under one key
+  (``benchmarks/retry_after/work.py``: one step sleeping the run's duration) under one key
   of limit ``LIMIT``. This process keeps the key full: every 0.1-0.6 s it starts a run;
   once the key has 10 finished runs, each refused start is a probe: its ``retry_after``
   against the time the first of the runs holding the key then actually finished.
@@ -39,10 +39,10 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.execution_settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.common.execution_settings")
 
 TYPICAL, SPREAD = 2.0, 0.2
 HISTORY = 50
@@ -119,8 +119,8 @@ def real_worker(args: argparse.Namespace, rng: random.Random) -> list[tuple[floa
     """Probes against a real worker: ``(retry_after, actual)`` pairs."""
     from django.utils import timezone
 
-    from benchmarks.execution_app import app
-    from benchmarks.retry_after_work import LIMIT
+    from benchmarks.common.execution_app import app
+    from benchmarks.retry_after.work import LIMIT
     from durable_django import ConcurrencyLimitError, Engine
 
     queue = f"durable_bench_retry_after_{uuid.uuid4().hex[:8]}"
@@ -130,10 +130,10 @@ def real_worker(args: argparse.Namespace, rng: random.Random) -> list[tuple[floa
     log = tempfile.NamedTemporaryFile(prefix="durable-bench-retry-", suffix=".log", delete=False)  # noqa: SIM115
     worker = subprocess.Popen(
         [
-            sys.executable, "-m", "celery", "-A", "benchmarks.execution_app", "worker",
+            sys.executable, "-m", "celery", "-A", "benchmarks.common.execution_app", "worker",
             "--pool=threads", f"--concurrency={LIMIT}", "--loglevel=warning",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "--include", "benchmarks.retry_after_work", "-Q", queue, "-n", hostname,
+            "--include", "benchmarks.retry_after.work", "-Q", queue, "-n", hostname,
         ],
         cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -188,11 +188,11 @@ def summary(name: str, pairs: list[tuple[float, float]], typical: float = TYPICA
 
 def main() -> None:
     args = parse_args()
-    from benchmarks.database import set_up_django
+    from benchmarks.common.database import set_up_django
 
     set_up_django(args.database)
 
-    import benchmarks.retry_after_work  # noqa: F401  (registers bench.sleep)
+    import benchmarks.retry_after.work  # noqa: F401  (registers bench.sleep)
     from durable_django import Engine
 
     rng = random.Random(args.seed)

@@ -37,7 +37,7 @@ def procrastinate_app(database: str = "durable_bench_procrastinate") -> Procrast
     import procrastinate
     from procrastinate.sync_psycopg_connector import SyncPsycopgConnector
 
-    from benchmarks.database import recreate_database
+    from benchmarks.common.database import recreate_database
 
     recreate_database(database)
     conninfo = (

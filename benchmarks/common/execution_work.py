@@ -1,4 +1,5 @@
-"""The work the variants of ``benchmarks/execution.py`` do: three small database writes.
+"""The work the variants of ``benchmarks.execution`` do: three small database writes
+(also executed by ``benchmarks/instrumentation.py`` and ``benchmarks/turn_wal.py``).
 
 - **durable**: ``three_writes``, a workflow of three ``ctx.step`` calls, each inserting one
   row and returning a small JSON value; its runs are started under a quota (one key per
@@ -24,7 +25,7 @@ from django.db import connection
 
 from durable_django import Concurrency, workflow
 
-#: The table the variants write to (created by ``benchmarks/execution.py``).
+#: The table the variants write to (created by ``benchmarks.execution``).
 TABLE = "bench_exec_write"
 #: The floor variant's stand-ins for the bookkeeping go here.
 FLOOR_TABLE = "bench_exec_floor"

@@ -3,9 +3,9 @@ PostgreSQL's fast path, measured in one run.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/portable_start.py [--starts 2000] [--batch 25]
+    .venv/bin/python -m benchmarks.portable_start [--starts 2000] [--batch 25]
 
-Each database has a Django alias of its own (``benchmarks/portable_settings.py``): the
+Each database has a Django alias of its own (``benchmarks/portable_start/settings.py``): the
 PostgreSQL and MariaDB databases ``durable_portable_bench`` (``--database``) are made
 anew, the SQLite one is a new file in the temporary directory; each is migrated. Every
 variant is ``engine.start`` of a workflow under one quota (limit 1,000,000), on an engine
@@ -42,10 +42,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.portable_settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.portable_start.settings")
 
 INPUT = {"tenant": "small", "message": "hello"}
 GOAL = 0.7
@@ -113,7 +113,7 @@ def main() -> None:
     args = parse_args()
     os.environ["DURABLE_BENCH_DB"] = args.database
 
-    from benchmarks.database import recreate_database
+    from benchmarks.common.database import recreate_database
 
     recreate_database(args.database)
     recreate_mariadb(args.database)

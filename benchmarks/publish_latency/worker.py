@@ -1,4 +1,4 @@
-"""The Celery app of ``benchmarks/publish_latency.py``'s worker: a task named as
+"""The Celery app of ``benchmarks.publish_latency``'s worker: a task named as
 durable_django's ``execute_run`` that only notes when it received its run id."""
 
 from __future__ import annotations

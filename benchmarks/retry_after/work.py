@@ -1,4 +1,4 @@
-"""The runs of ``benchmarks/retry_after.py``: each sleeps for the seconds its input gives,
+"""The runs of ``benchmarks.retry_after``: each sleeps for the seconds its input gives,
 in one step, under a quota keyed by its input (limit ``LIMIT``)."""
 
 from __future__ import annotations

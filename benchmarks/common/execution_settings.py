@@ -1,4 +1,5 @@
-"""Settings of ``benchmarks/execution.py`` and of the workers it starts.
+"""Settings of ``benchmarks.execution`` and of the workers it starts, also those of
+``benchmarks.retry_after`` and ``benchmarks/instrumentation.py``.
 
 The shared benchmark settings, with a database and a Redis database of their own.
 
@@ -10,8 +11,8 @@ keeps the worker's connection open across tasks; ``per-task`` leaves Celery's de
 
 import os
 
-from benchmarks.settings import *  # noqa: F403
-from benchmarks.settings import DATABASES
+from benchmarks.common.settings import *  # noqa: F403
+from benchmarks.common.settings import DATABASES
 
 DATABASES["default"]["NAME"] = os.environ.get("DURABLE_BENCH_DB", "durable_bench_exec")
 DATABASES["default"]["CONN_MAX_AGE"] = None

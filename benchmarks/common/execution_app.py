@@ -1,5 +1,7 @@
-"""The Celery app of ``benchmarks/execution.py``: its workers run ``-A benchmarks.execution_app``
-with ``--include benchmarks.execution_work`` (the workflow and the plain task)."""
+"""The Celery app of the benchmarks' workers on the execution settings: those of
+``benchmarks.execution`` run ``-A benchmarks.common.execution_app`` with ``--include
+benchmarks.common.execution_work`` (the workflow and the plain task), those of
+``benchmarks.retry_after`` with ``--include benchmarks.retry_after.work``."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import os
 
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.execution_settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.common.execution_settings")
 
 app = Celery("durable_bench_exec")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -1,5 +1,5 @@
-"""The Celery app of ``benchmarks/soak.py``: its workers run ``-A benchmarks.soak_app``
-with ``--include benchmarks.soak_work`` (the workflow)."""
+"""The Celery app of ``benchmarks.soak``: its workers run ``-A benchmarks.soak.app``
+with ``--include benchmarks.soak.work`` (the workflow)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.soak_settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.soak.settings")
 
 app = Celery("durable_soak")
 app.config_from_object("django.conf:settings", namespace="CELERY")

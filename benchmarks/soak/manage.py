@@ -5,9 +5,9 @@ import os
 import sys
 
 if __name__ == "__main__":
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.soak_settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.soak.settings")
     from django.core.management import execute_from_command_line
 
-    import benchmarks.soak_app  # noqa: F401  (messages go to the soak's broker)
+    import benchmarks.soak.app  # noqa: F401  (messages go to the soak's broker)
 
     execute_from_command_line(sys.argv)

@@ -1,4 +1,4 @@
-"""Minimal Django settings for the benchmark scripts (a PostgreSQL database of their own)."""
+"""Minimal Django settings for the benchmarks (a PostgreSQL database of their own)."""
 
 import os
 

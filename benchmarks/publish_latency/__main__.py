@@ -4,10 +4,10 @@ against Celery's ``apply_async``, interleaved.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/publish_latency.py [--starts 1000]
+    .venv/bin/python -m benchmarks.publish_latency [--starts 1000]
 
 It (re)creates the PostgreSQL database ``durable_bench_latency`` (``--database``) and
-starts a Celery worker (``benchmarks/latency_worker.py``, solo pool, on a queue of its
+starts a Celery worker (``benchmarks/publish_latency/worker.py``, solo pool, on a queue of its
 own on ``redis://127.0.0.1:6379/14``) whose ``durable_django.execute_run`` only notes,
 in a Redis hash, when it received each run id. Each start is an ``engine.start`` in an
 ``atomic()`` block with an ``on_commit`` callback, registered before the start's own,
@@ -28,10 +28,10 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.common.settings")
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--database", default="durable_bench_latency")
     args = parser.parse_args()
     os.environ["DURABLE_BENCH_DB"] = args.database
-    from benchmarks.database import recreate_database
+    from benchmarks.common.database import recreate_database
 
     recreate_database(args.database)
 
@@ -52,7 +52,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import transaction
 
-    from benchmarks.latency_worker import BROKER
+    from benchmarks.publish_latency.worker import BROKER
     from durable_django import Engine
     from durable_django._rules.registry import Registry
     from durable_django.stores.orm import OrmStore
@@ -88,7 +88,7 @@ def main() -> None:
             "celery",
             "--quiet",
             "-A",
-            "benchmarks.latency_worker",
+            "benchmarks.publish_latency.worker",
             "worker",
             "-P",
             "solo",

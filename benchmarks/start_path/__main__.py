@@ -7,10 +7,10 @@ against Procrastinate's ``batch_defer``.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/start_path.py [--starts 2000] [--history 1000000]
-    .venv/bin/python benchmarks/start_path.py --batches-only [--batch-size 100]
-    .venv/bin/python benchmarks/start_path.py --variants b,view,bF,bF2,viewF [--history 0]
-    .venv/bin/python benchmarks/start_path.py --variants b,bi,view,bS,biS,viewS,bO,biO,viewO
+    .venv/bin/python -m benchmarks.start_path [--starts 2000] [--history 1000000]
+    .venv/bin/python -m benchmarks.start_path --batches-only [--batch-size 100]
+    .venv/bin/python -m benchmarks.start_path --variants b,view,bF,bF2,viewF [--history 0]
+    .venv/bin/python -m benchmarks.start_path --variants b,bi,view,bS,biS,viewS,bO,biO,viewO
 
 The rows ending in S run with sentry-sdk's Celery integration on (every transaction
 sampled, sent nowhere), those ending in O with OpenTelemetry's Celery instrumentation
@@ -53,13 +53,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.common.settings")
 
 if TYPE_CHECKING:
-    from benchmarks.procrastinate_app import ProcrastinateBench
+    from benchmarks.start_path.procrastinate_app import ProcrastinateBench
 
 QUEUE = "durable_bench"
 INPUT_SMALL = {"tenant": "small", "message": "hello"}
@@ -405,12 +405,12 @@ def explain_count(history: int, start: Callable[[], object]) -> str:
 
 def open_procrastinate(database: str) -> ProcrastinateBench | None:
     """The Procrastinate app of the ``defer`` and ``batch_defer`` rows, on ``database``
-    made anew (:func:`benchmarks.procrastinate_app.procrastinate_app`); ``None`` when
+    made anew (:func:`benchmarks.start_path.procrastinate_app.procrastinate_app`); ``None`` when
     ``database`` is '' or Procrastinate is not installed (the ``bench`` extra)."""
     if not database:
         return None
     try:
-        from benchmarks.procrastinate_app import procrastinate_app
+        from benchmarks.start_path.procrastinate_app import procrastinate_app
 
         return procrastinate_app(database)
     except ImportError:
@@ -538,7 +538,7 @@ def main() -> None:
     args = parse_args()
     os.environ["DURABLE_BENCH_DB"] = args.database
     if not args.reuse:
-        from benchmarks.database import recreate_database
+        from benchmarks.common.database import recreate_database
 
         recreate_database(args.database)
 

@@ -5,12 +5,12 @@ Celery task's ``.delay()``, with kept connections and with one per request.
 Run from the repository root (gunicorn in the virtualenv, wrk on the machine: Debian's
 ``apt-get install wrk``)::
 
-    .venv/bin/python benchmarks/http_load.py [--seconds 10] [--rounds 3]
+    .venv/bin/python -m benchmarks.http_load [--seconds 10] [--rounds 3]
 
 It (re)creates the PostgreSQL database ``durable_bench_http`` (``--database``), migrates
 the example project into it, makes a tenant whose plan allows 10**9 active turns, and
 for each ``CONN_MAX_AGE`` (60, then 0) starts gunicorn (``--workers`` sync workers) on
-the example site (``benchmarks/http_settings.py``), then runs wrk (``--connections``
+the example site (``benchmarks/http_load/settings.py``), then runs wrk (``--connections``
 connections) against the two views in turn, ``--rounds`` times, completing the started
 turns between runs so the quota's count stays small. Messages go to Redis
 (``redis://127.0.0.1:6379/14``, queue ``durable_bench_http``, deleted at the end).
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "example_project"
 QUEUE = "durable_bench_http"
 LUA = """wrk.method = "POST"
@@ -69,13 +69,13 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=8)
     args = parser.parse_args()
     sys.path[:0] = [str(ROOT), str(SITE)]
-    from benchmarks.database import recreate_database
+    from benchmarks.common.database import recreate_database
 
     recreate_database(args.database)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(SITE)]),
-        "DJANGO_SETTINGS_MODULE": "benchmarks.http_settings",
+        "DJANGO_SETTINGS_MODULE": "benchmarks.http_load.settings",
         "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{args.database}",
         "CELERY_BROKER_URL": os.environ.get("DURABLE_BENCH_BROKER", "redis://127.0.0.1:6379/14"),
         "SECRET_KEY": "benchmarks-only",

@@ -1,4 +1,4 @@
-"""Settings of ``benchmarks/soak.py`` and of the workers and tickers it starts.
+"""Settings of ``benchmarks.soak`` and of the workers and tickers it starts.
 
 ``DURABLE_SOAK_DB`` picks the database: ``postgres`` (default), ``mariadb`` or ``sqlite``
 (the file ``DURABLE_SOAK_SQLITE``). Leases, resends and blocked retries are short, so that

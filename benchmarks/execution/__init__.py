@@ -1,0 +1,2 @@
+"""Durable runs against plain Celery tasks and Procrastinate jobs doing the same work:
+``python -m benchmarks.execution``."""
