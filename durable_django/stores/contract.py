@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from .._core.records import NewRun, RunRecord, StartOutcome, StepRecord
 from .._rules.concurrency import DEFAULT_CONCURRENCY_STATUSES, Quota, quota_tag, rate_tag
+from .._rules.overrides import Override
 from .._rules.tickets import KeptTicket, issue
 from ..errors import ConcurrencyLimitError, DurableError, RateLimitError
 from ..status import TERMINAL_STATUSES, RunStatus
@@ -49,6 +50,14 @@ def fresh_ticket_key(store: BaseStore) -> str:
     except NotImplementedError:
         pytest.skip("the store keeps no tickets: fair quotas are not available on it")
     return key
+
+
+def stores_overrides(store: BaseStore) -> None:
+    """Skip a test of overrides on a store that keeps none (its starts find none)."""
+    try:
+        store.clear_override(quota_tag("nothing"), "")
+    except NotImplementedError:
+        pytest.skip("the store keeps no operator overrides")
 
 
 def new_run(run_id: str, workflow: str = "wf", **fields: Any) -> NewRun:
@@ -1209,6 +1218,66 @@ class StoreContract:
         assert [t.held_until is None for t in store.ticket_line(key, "blue")] == [False]
         store.drop_ticket(a)
         store.drop_ticket(b)
+
+    # operators' overrides --------------------------------------------------------------
+
+    def test_an_override_replaces_the_limit_of_its_key_for_its_scope(
+        self, store: BaseStore
+    ) -> None:
+        now = timezone.now()
+        stores_overrides(store)
+        store.set_override(Override("k", "concurrency", 1, None, "", now))
+        store.set_override(Override("k", "rate", 0, now + HOUR, "blue", now))
+        assert store.override_limits([quota_tag("k"), rate_tag("k")], "", now) == {
+            quota_tag("k"): 1
+        }
+        assert store.override_limits([rate_tag("k")], "blue", now) == {rate_tag("k"): 0}
+        start(store, new_run("a"), quota("k", 5))
+        with store.atomic(), pytest.raises(ConcurrencyLimitError) as caught:
+            start(store, new_run("b"), quota("k", 5))
+        assert (caught.value.limit, caught.value.active) == (1, 1)
+        # Another scope's override is not this start's: blue's pause of the rate key.
+        assert start(store, new_run("c"), rate("k", 5), read_namespace="default").created
+        with store.atomic(), pytest.raises(RateLimitError) as rated:
+            start(store, new_run("d", namespace="blue"), rate("k", 5), read_namespace="blue")
+        assert rated.value.limit == 0
+        assert [(o.tag, o.scope, o.limit) for o in store.list_overrides(None, now)] == [
+            (quota_tag("k"), "", 1),
+            (rate_tag("k"), "blue", 0),
+        ]
+        assert [o.tag for o in store.list_overrides("blue", now)] == [rate_tag("k")]
+
+    def test_an_override_ends_at_its_until_and_when_cleared(self, store: BaseStore) -> None:
+        now = timezone.now()
+        stores_overrides(store)
+        store.set_override(Override("k", "concurrency", 0, now + HOUR, "", now))
+        store.set_override(Override("j", "concurrency", 0, now - SECOND, "", now))
+        assert store.override_limits([quota_tag("k"), quota_tag("j")], "", now) == {
+            quota_tag("k"): 0
+        }
+        assert store.override_limits([quota_tag("k")], "", now + HOUR) == {}
+        assert [o.key for o in store.list_overrides("", now)] == ["k"]
+        assert start(store, new_run("a"), quota("j", 1)).created  # j's has ended
+        store.set_override(Override("k", "concurrency", 3, None, "", now))  # set again
+        assert store.override_limits([quota_tag("k")], "", now + HOUR) == {quota_tag("k"): 3}
+        assert store.clear_override(quota_tag("k"), "") is True
+        assert store.clear_override(quota_tag("k"), "") is False
+        assert store.override_limits([quota_tag("k")], "", now) == {}
+
+    def test_a_batch_and_a_retry_obey_the_override(self, store: BaseStore) -> None:
+        now = timezone.now()
+        stores_overrides(store)
+        store.set_override(Override("k", "concurrency", 2, None, "", now))
+        outcomes = batch(store, *((new_run(f"r{i}"), quota("k", 9)) for i in range(3)))
+        assert refused_at(outcomes) == [2]
+        refusal = outcomes[2]
+        assert isinstance(refusal, ConcurrencyLimitError) and refusal.limit == 2
+        make(store, "failed", RunStatus.FAILED)
+        failed = store.get_run("failed")
+        assert failed is not None
+        with store.atomic(), pytest.raises(ConcurrencyLimitError) as caught:
+            store.retry_run(failed, quota("k", 9), read_namespace=None)
+        assert caught.value.limit == 2
 
     # the store's environment ---------------------------------------------------------
 
