@@ -32,10 +32,12 @@ WRITES = ("set", "pause", "clear")
 class QuotaSubcommand(Subcommand):
     name = "quota"
     help = (
-        "Quota usage: every key holding active runs (or KEY): active runs, the limit "
-        "declared for it (by its workflows or a schedule), and the workflows; then "
-        "every rate limit key with runs in its window (or KEY's): units used against "
-        "the limit per window, and when the next unit frees."
+        "Quota usage: every key holding active runs or overridden (or KEY): active "
+        "runs, the limit declared for it (by its workflows or a schedule), its override, "
+        "and the workflows; then every rate limit key with runs in its window or "
+        "overridden (or KEY's): units used against the limit per window, and when the "
+        "next unit frees. --set KEY=LIMIT, --pause KEY and --clear KEY (--rate for a "
+        "rate limit key) write an override."
     )
 
     @classmethod
