@@ -147,6 +147,7 @@ def test_a_paused_idle_key_and_a_rate_key_are_shown(admin_client):
         ({"key": "tenant:acme", "action": "set", "limit": "-1"}, "greater than or equal to 0"),
         ({"key": "tenant:acme", "action": "set", "limit": "x"}, "Enter a whole number."),
         ({"key": "", "action": "pause"}, "This field is required."),
+        ({"key": "k" * 300, "action": "pause"}, "concurrency key"),
         ({"key": "tenant:acme", "action": "sleep"}, "Select a valid choice."),
         ({"key": "tenant:acme", "action": "pause", "kind": "other"}, "Select a valid choice."),
         (
