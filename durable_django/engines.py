@@ -539,15 +539,17 @@ class Engine:
         return self.store.count_runs(tag=tag, statuses=statuses, namespace=namespace)
 
     def quota_usage(self, key: str | None = None) -> list[QuotaUsage]:
-        """Every quota key holding active runs (or just ``key``): how many, for which
-        workflows, against the limit they declare. Busiest first."""
+        """Every quota key holding active runs or overridden (or just ``key``): how many,
+        for which workflows, against the limit they declare and the operator's override
+        in force (``limit_in_force``). Busiest first."""
         _check_filters(key=key)
         return quota_usage(self, key)
 
     def rate_usage(self, key: str | None = None) -> list[RateUsage]:
-        """Every rate limit key with runs inside its window (or just ``key``): the units
-        used in the window now, against the limit and ``per`` its workflows declare, and
-        when a start of weight 1 next fits. Busiest first."""
+        """Every rate limit key with runs inside its window or overridden (or just
+        ``key``): the units used in the window now, against the limit and ``per`` its
+        workflows declare and the operator's override in force (``limit_in_force``), and
+        when a start of weight 1 next fits under the limit in force. Busiest first."""
         _check_filters(key=key)
         return rate_usage(self, key)
 

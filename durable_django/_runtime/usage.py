@@ -25,7 +25,9 @@ from .._rules.concurrency import (
     quota_tag,
     rate_tag,
 )
+from .._rules.overrides import Override
 from . import estimates
+from .overriding import overrides
 from .purging import rate_windows_start
 
 if TYPE_CHECKING:
@@ -44,7 +46,8 @@ class QuotaUsage:
     (``None`` when nothing declares one, or its limit function failed).
 
     ``limit_computed`` tells the limit came from a limit function called with this key;
-    ``limit_error`` holds what a failing limit function raised.
+    ``limit_error`` holds what a failing limit function raised; ``override`` is the
+    operator's override in force for the key, if any (its limit is the one in force).
     """
 
     key: str
@@ -53,6 +56,7 @@ class QuotaUsage:
     workflows: tuple[str, ...]
     limit_computed: bool = False
     limit_error: str | None = None
+    override: Override | None = None
 
     @property
     def tag(self) -> str:
@@ -60,17 +64,23 @@ class QuotaUsage:
         return quota_tag(self.key)
 
     @property
+    def limit_in_force(self) -> int | None:
+        """The limit a start of the key obeys now: the override's, else the declared one."""
+        return self.override.limit if self.override is not None else self.limit
+
+    @property
     def full(self) -> bool:
-        """Whether a start under the declared limit would be refused now."""
-        return self.limit is not None and self.active >= self.limit
+        """Whether a start under the limit in force would be refused now."""
+        limit = self.limit_in_force
+        return limit is not None and self.active >= limit
 
 
 def estimate_for(engine: Runtime, usage: QuotaUsage) -> estimates.Estimate | None:
-    """A busy key's estimate against its declared limit (against its active runs when
+    """A busy key's estimate against its limit in force (against its active runs when
     no limit is known: when its next run likely ends); ``None`` for an idle key."""
     if not usage.active:
         return None
-    limit = usage.limit if usage.limit is not None else usage.active
+    limit = usage.limit_in_force if usage.limit_in_force is not None else usage.active
     return estimates.estimate(engine, usage.key, limit)
 
 
@@ -81,10 +91,12 @@ class RateUsage:
     declared for it (``None`` when nothing declares one, or its limit function failed;
     ``used`` then counts the units of the engine's longest declared window), the
     workflows those runs belong to, and ``retry_after``: the seconds from now until a
-    start of weight 1 fits (``0.0`` while one does; ``None`` when the limit is unknown).
+    start of weight 1 fits under the limit in force (``0.0`` while one does; ``None``
+    when the limit or the window is unknown).
 
     ``limit_computed`` tells the limit came from a limit function called with this key;
-    ``limit_error`` holds what a failing limit function raised.
+    ``limit_error`` holds what a failing limit function raised; ``override`` is the
+    operator's override in force for the key, if any (its limit is the one in force).
     """
 
     key: str
@@ -95,6 +107,7 @@ class RateUsage:
     retry_after: float | None = None
     limit_computed: bool = False
     limit_error: str | None = None
+    override: Override | None = None
 
     @property
     def tag(self) -> str:
@@ -102,9 +115,15 @@ class RateUsage:
         return rate_tag(self.key)
 
     @property
+    def limit_in_force(self) -> int | None:
+        """The limit a start of the key obeys now: the override's, else the declared one."""
+        return self.override.limit if self.override is not None else self.limit
+
+    @property
     def full(self) -> bool:
-        """Whether a start of weight 1 under the declared limit would be refused now."""
-        return self.limit is not None and self.used >= self.limit
+        """Whether a start of weight 1 under the limit in force would be refused now."""
+        limit = self.limit_in_force
+        return limit is not None and self.used >= limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,14 +277,26 @@ def declared_limit(
     return DeclaredLimit(smallest.limit, smallest.computed, error, smallest.per)
 
 
+def overridden(engine: Runtime, key: str | None, kind: Kind) -> dict[str, Override]:
+    """``{key: override}`` of the overrides of ``kind`` in force now (of ``key`` only,
+    when given), in the engine's scope."""
+    return {
+        o.key: o for o in overrides(engine, key, "concurrency" if kind is CONCURRENCY else "rate")
+    }
+
+
 def quota_usage(engine: Runtime, key: str | None = None) -> list[QuotaUsage]:
-    """Every key with active runs (or just ``key``, busy or not), busiest first.
+    """Every key with active runs or an override in force (or just ``key``, busy or
+    not), busiest first.
 
     An idle key's workflows are those of its latest runs, so its limit is known as long
     as some of its runs are kept."""
     found = active_keys(engine.store, engine.read_namespace)
+    forced = overridden(engine, key, CONCURRENCY)
     if key is not None:
         found = {key: found.get(key, {})}
+    else:
+        found = {**{name: {} for name in forced}, **found}
     by_key = schedule_limits(engine)
     usage = []
     for name, by_workflow in found.items():
@@ -279,6 +310,7 @@ def quota_usage(engine: Runtime, key: str | None = None) -> list[QuotaUsage]:
                 workflows=workflows,
                 limit_computed=declared.computed,
                 limit_error=declared.error,
+                override=forced.get(name),
             )
         )
     return sorted(usage, key=lambda u: (-u.active, u.key))
@@ -286,36 +318,54 @@ def quota_usage(engine: Runtime, key: str | None = None) -> list[QuotaUsage]:
 
 def has_window(usage: RateUsage) -> bool:
     """Whether a rate key is worth showing beside a quota key of the same name: runs in
-    its window, or a limit declared for it (found, or failed)."""
-    return bool(usage.used) or usage.limit is not None or usage.limit_error is not None
+    its window, a limit declared for it (found, or failed), or an override."""
+    return (
+        bool(usage.used)
+        or usage.limit is not None
+        or usage.limit_error is not None
+        or usage.override is not None
+    )
 
 
 def rate_usage(engine: Runtime, key: str | None = None) -> list[RateUsage]:
-    """Every rate limit key with runs inside its window (or just ``key``, busy or not),
-    busiest first: one grouped read of the rate tags created in the engine's longest
-    declared window, then each key's own window."""
+    """Every rate limit key with runs inside its window or an override in force (or
+    just ``key``, busy or not), busiest first: one grouped read of the rate tags created
+    in the engine's longest declared window, then each key's own window."""
     now = timezone.now()
     found = engine.store.rate_keys(rate_windows_start(engine, now), engine.read_namespace)
+    forced = overridden(engine, key, RATE)
     if key is not None:
         found = {key: found.get(key, {})}
-    usage = [rate_window(engine, name, by_workflow, now) for name, by_workflow in found.items()]
+    else:
+        found = {**{name: {} for name in forced}, **found}
+    usage = [
+        rate_window(engine, name, by_workflow, now, forced.get(name))
+        for name, by_workflow in found.items()
+    ]
     if key is None:
-        usage = [u for u in usage if u.used]
+        usage = [u for u in usage if u.used or u.override is not None]
     return sorted(usage, key=lambda u: (-u.used, u.key))
 
 
 def rate_window(
-    engine: Runtime, key: str, by_workflow: dict[str, int], now: datetime.datetime
+    engine: Runtime,
+    key: str,
+    by_workflow: dict[str, int],
+    now: datetime.datetime,
+    override: Override | None = None,
 ) -> RateUsage:
-    """``key``'s window at ``now`` against the limit its workflows declare (the units of
-    ``by_workflow``, the longest window's, when no limit is known)."""
+    """``key``'s window at ``now`` against the limit in force: ``override``'s, else the
+    one its workflows declare (the units of ``by_workflow``, the longest window's, when
+    no window is known)."""
     workflows = tuple(sorted(by_workflow)) or recent_workflows(engine, key, RATE)
     declared = declared_limit(engine, workflows, key, [], RATE)
     if declared.limit is None or declared.per is None:
+        used = sum(by_workflow.values())
         return RateUsage(
-            key, sum(by_workflow.values()), None, None, workflows, limit_error=declared.error
+            key, used, None, None, workflows, limit_error=declared.error, override=override
         )
-    quota = Quota(key, declared.limit, (), per=declared.per)
+    in_force = override.limit if override is not None else declared.limit
+    quota = Quota(key, in_force, (), per=declared.per)
     window = engine.store.rate_window(quota, now, engine.read_namespace)
     return RateUsage(
         key=key,
@@ -326,4 +376,5 @@ def rate_window(
         retry_after=rate_retry_after(quota, window, now),
         limit_computed=declared.computed,
         limit_error=declared.error,
+        override=override,
     )

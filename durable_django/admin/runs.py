@@ -45,7 +45,7 @@ from .display import (
     status_badge,
     timestamp_field,
 )
-from .quotas import quota_page
+from .quotas import override_change, quota_page
 
 if TYPE_CHECKING:
     # django-stubs makes ModelAdmin generic in its model; Django's own class takes no
@@ -602,6 +602,11 @@ class RunAdmin(_ModelAdmin):
         view = self.admin_site.admin_view
         return [
             path("quotas/", view(self.quotas_view), name=f"{name}_quotas"),
+            path(
+                "quotas/override/",
+                view(require_POST(self.quota_override_view)),
+                name=f"{name}_quota_override",
+            ),
             # Before Django's own "<path:object_id>/" patterns, which would take them.
             path(
                 "<path:object_id>/cancel/",
@@ -617,6 +622,11 @@ class RunAdmin(_ModelAdmin):
     def quotas_view(self, request: HttpRequest) -> HttpResponse:
         """The quota page (:func:`~durable_django.admin.quotas.quota_page`)."""
         return quota_page(self, request)
+
+    def quota_override_view(self, request: HttpRequest) -> HttpResponse:
+        """The quota page's override form (:func:`~durable_django.admin.quotas.override_change`):
+        taken by a user with the change permission on runs."""
+        return override_change(self, request)
 
 
 #: What :meth:`RunAdmin.operate` tells after cancelling or retrying (singular, plural).

@@ -197,6 +197,8 @@ def test_the_command_marks_computed_limits_and_names_failures(db):
             "tag": "concurrency:tenant:globex",
             "active": 1,
             "limit": None,
+            "override": None,
+            "limit_in_force": None,
             "full": False,
             "workflows": ["tests.planned"],
             "limit_computed": False,

@@ -163,6 +163,8 @@ def test_the_command_shows_the_rate_windows_after_the_quotas(db, clock):
         "tag": "rate:tenant:acme",
         "used": 3,
         "limit": 3,
+        "override": None,
+        "limit_in_force": 3,
         "per": 60.0,
         "full": True,
         "retry_after": 35.0,
