@@ -10,10 +10,11 @@ outcome is compared, then the runs and their tag rows.
 
 Quotas of both kinds are drawn, a rate limit and a concurrency quota sharing a key
 at times, and operators' overrides of their limits are set (some already ended) and
-cleared between the starts. The paths: on PostgreSQL ``durable_start_run_v2`` (a connection that has started before),
-the first start's statements (``first_start``: every start a connection's first), the
-set-based batch (``durable_start_runs_v2``, on both) and the portable path; on MySQL and
-MariaDB the procedure and the portable path; on SQLite the portable path.
+cleared between the starts. The paths: on PostgreSQL ``durable_start_run_v2`` (a
+connection that has started before), the first start's statements (``first_start``:
+every start a connection's first), the set-based batch (``durable_start_runs_v2``, on
+both) and the portable path; on MySQL and MariaDB the procedure and the portable path;
+on SQLite the portable path.
 """
 
 from __future__ import annotations
