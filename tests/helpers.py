@@ -158,3 +158,18 @@ def routines_installed(operation: type, replaced: bool = False) -> list[str]:
         if isinstance(step, operation) and step.replace == replaced
         for name in step.names
     ]
+
+
+def every_start_a_first(monkeypatch: Any) -> None:
+    """Make every PostgreSQL start its connection's first (``first_start._STARTED``
+    knows none), so that it sends the first start's statements."""
+    from durable_django.stores.postgres import first_start
+
+    class NoConnectionHasStarted:
+        def __contains__(self, item: object) -> bool:
+            return False
+
+        def add(self, item: object) -> None:
+            pass
+
+    monkeypatch.setattr(first_start, "_STARTED", NoConnectionHasStarted())

@@ -41,6 +41,8 @@ from durable_django.stores.base import StartRequest
 from durable_django.stores.contract import new_run
 from durable_django.stores.postgres import first_start
 
+from ..helpers import every_start_a_first
+
 TRIALS = 150
 SEED = 23000
 HOUR = datetime.timedelta(hours=1)
@@ -68,16 +70,6 @@ Op = tuple[Any, ...]
 Element = tuple[str, str, str, list[Quota], bool]
 
 
-class _NoConnectionHasStarted:
-    """In place of ``first_start._STARTED``: every start is a connection's first."""
-
-    def __contains__(self, item: object) -> bool:
-        return False
-
-    def add(self, item: object) -> None:
-        pass
-
-
 @pytest.fixture(params=PATHS)
 def store(
     request: pytest.FixtureRequest,
@@ -86,7 +78,7 @@ def store(
     transactional_db: None,
 ) -> Iterator[OrmStore]:
     if request.param == "statements":
-        monkeypatch.setattr(first_start, "_STARTED", _NoConnectionHasStarted())
+        every_start_a_first(monkeypatch)
     elif request.param == "function":
         connection.ensure_connection()
         first_start._STARTED.add(connection.connection)

@@ -20,6 +20,8 @@ from durable_django.models import Run, RunTag
 from durable_django.stores.orm import OrmStore
 from durable_django.stores.postgres import first_start
 
+from ..helpers import every_start_a_first
+
 pytestmark = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="the statements replace a PostgreSQL function"
 )
@@ -27,21 +29,11 @@ pytestmark = pytest.mark.skipif(
 ACTIVE = ("pending", "running", "suspended", "blocked")
 
 
-class _NoConnectionHasStarted:
-    """In place of ``first_start._STARTED``: every start is a connection's first."""
-
-    def __contains__(self, item: object) -> bool:
-        return False
-
-    def add(self, item: object) -> None:
-        pass
-
-
 @pytest.fixture(params=["function", "statements"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each test once with every start calling the function, once sending statements."""
     if request.param == "statements":
-        monkeypatch.setattr(first_start, "_STARTED", _NoConnectionHasStarted())
+        every_start_a_first(monkeypatch)
     else:
         connection.ensure_connection()
         first_start._STARTED.add(connection.connection)

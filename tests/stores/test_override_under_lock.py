@@ -24,7 +24,8 @@ from durable_django._rules.overrides import Override
 from durable_django.errors import ConcurrencyLimitError
 from durable_django.stores import OrmStore
 from durable_django.stores.contract import batch, new_run, quota, start
-from durable_django.stores.postgres import first_start
+
+from ..helpers import every_start_a_first
 
 pytestmark = pytest.mark.skipif(
     connection.vendor == "sqlite", reason="SQLite lets one writer in at a time: none waits"
@@ -39,14 +40,6 @@ WAITING = {
     "mysql": "SELECT COUNT(*) FROM information_schema.PROCESSLIST "
     "WHERE ID <> CONNECTION_ID() AND COMMAND = 'Query' AND DB = DATABASE()",
 }
-
-
-class _NoConnectionHasStarted:
-    def __contains__(self, item: object) -> bool:
-        return False
-
-    def add(self, item: object) -> None:
-        pass
 
 
 def _single(store: OrmStore, key: str) -> Any:
@@ -80,7 +73,7 @@ def test_a_start_waiting_for_the_lock_obeys_the_override_set_meanwhile(
     if path == "first start's statements":
         if connection.vendor != "postgresql":
             pytest.skip("the first start's statements are PostgreSQL's")
-        monkeypatch.setattr(first_start, "_STARTED", _NoConnectionHasStarted())
+        every_start_a_first(monkeypatch)
     fast, starting = PATHS[path]
     store = OrmStore(fast_path=fast)
     key = f"lock-{path.split()[0]}"
