@@ -15,6 +15,11 @@ lasted past ``a`` did); a holder older than every recorded duration is given
 holders have ended for the start to fit: the soonest such time, never below
 :data:`~durable_django.errors.DEFAULT_RETRY_AFTER` (1 second). With no history, or when a
 read fails, ``retry_after`` is that 1 second and ``estimate.basis`` says why.
+
+A key whose limit in force admits no start of the refused one's weight (an operator's
+pause, an override below the weight) frees no slot that would help: ``retry_after`` is
+then the seconds until the override ends, when it has an ``until``, and the 1 second
+otherwise, with ``basis`` ``"paused"``.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from django.utils import timezone
 
 from .._core.records import RunRecord
 from .._rules.concurrency import DEFAULT_CONCURRENCY_STATUSES, quota_tag
+from .._rules.overrides import scope_of
 from ..errors import DEFAULT_RETRY_AFTER, ConcurrencyLimitError
 
 if TYPE_CHECKING:
@@ -49,6 +55,7 @@ OVERDUE_FRACTION = 0.5
 HISTORY = "history"
 NO_HISTORY = "no history"
 READ_FAILED = "read failed"
+PAUSED = "paused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +76,7 @@ class Holder:
 @dataclass(frozen=True, slots=True)
 class Estimate:
     """How ``retry_after`` was reached: the ``seconds`` (at least 1), its ``basis``
-    (``"history"``, ``"no history"`` or ``"read failed"``), how many finished runs it
+    (``"history"``, ``"no history"``, ``"read failed"`` or ``"paused"``), how many finished runs it
     read (``samples``), their median slot-holding time (``typical``, seconds, ``None``
     without history), and the age of the key's oldest holder (``oldest_age``, ``None``
     when nothing holds it)."""
@@ -192,7 +199,9 @@ def estimate(
     now = now or timezone.now()
     try:
         with engine.store.atomic():  # a savepoint in a caller's transaction: a failed
-            held = holders(engine, key, statuses, now)  # read leaves it usable
+            if needed > limit:  # read leaves it usable
+                return _paused(engine, key, now)
+            held = holders(engine, key, statuses, now)
             recorded = durations(engine, key, now)
     except Exception:  # the refusal stands whatever the reads did
         logger.warning("could not estimate retry_after for key %r", key, exc_info=True)
@@ -208,6 +217,19 @@ def estimate(
         typical=statistics.median(recorded),
         oldest_age=oldest,
     )
+
+
+def _paused(engine: Runtime, key: str, now: datetime.datetime) -> Estimate:
+    """The estimate of a key whose limit in force admits nothing of the start's weight:
+    until its override ends, when it has an ``until``."""
+    tag = quota_tag(key)
+    ends = [
+        o.until
+        for o in engine.store.list_overrides(scope_of(engine.read_namespace), now)
+        if o.tag == tag and o.until is not None
+    ]
+    seconds = (ends[0] - now).total_seconds() if ends else 0.0
+    return Estimate(round(max(DEFAULT_RETRY_AFTER, seconds), 3), PAUSED)
 
 
 def explain(
@@ -230,6 +252,7 @@ __all__ = [
     "HISTORY_RUNS",
     "HISTORY_WINDOW",
     "OVERDUE_FRACTION",
+    "PAUSED",
     "Estimate",
     "Holder",
     "durations",

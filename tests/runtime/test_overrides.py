@@ -175,3 +175,15 @@ def test_bad_input_is_refused_and_stores_nothing(chat, key, limit, until, error,
         with pytest.raises(error, match=message):
             setter(key, limit, until=until)
     assert chat.overrides() == []
+
+
+def test_a_paused_keys_refusal_says_when_the_pause_ends(chat, clock):
+    chat.start("chat", acme(1))
+    chat.set_limit("tenant:acme", 0, until=timezone.now() + datetime.timedelta(minutes=10))
+    error = refused(chat, acme(2))
+    assert (error.estimate.basis, error.retry_after) == ("paused", 600.0)
+    clock.advance(240)
+    assert refused(chat, acme(3)).retry_after == 360.0
+    chat.set_limit("tenant:acme", 0)  # for good: nothing says when
+    error = refused(chat, acme(4))
+    assert (error.estimate.basis, error.retry_after) == ("paused", 1.0)
