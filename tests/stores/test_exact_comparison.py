@@ -163,6 +163,8 @@ EXACT_COLUMNS = {
     "durable_schedule.last_run_id",
     "durable_quota_lock.key",
     "durable_quota_ticket.quota_key",
+    "durable_quota_override.tag",
+    "durable_quota_override.scope",
     "durable_quota_ticket.namespace",
 }
 

@@ -342,7 +342,7 @@ def test_a_quota_counts_any_number_of_statuses_each_once():
                 True,
             ],
         )
-        assert cursor.fetchone() == ("created", None, 4, "wf", "default")
+        assert cursor.fetchone() == ("created", None, 4, "wf", "default", None)
 
 
 # the migration -------------------------------------------------------------------------
