@@ -522,6 +522,7 @@ def main() -> None:
         PLAIN_QUEUE,
         TABLE,
         TENANTS,
+        create_tables,
         floor_three_writes,
         plain_three_writes,
         three_transactions,
@@ -531,14 +532,7 @@ def main() -> None:
     from durable_django.engines import default_engine
 
     call_command("migrate", verbosity=0)
-    sql(
-        f"CREATE TABLE {TABLE} (id bigserial PRIMARY KEY, source text NOT NULL, "
-        f"step integer NOT NULL, written_at timestamptz NOT NULL DEFAULT now())"
-    )
-    sql(
-        f"CREATE TABLE {FLOOR_TABLE} (id bigserial PRIMARY KEY, source text NOT NULL, "
-        f"kind text NOT NULL, written_at timestamptz NOT NULL DEFAULT now())"
-    )
+    create_tables()
     durable_queue = default_engine.config.queue
     queues = [durable_queue, PLAIN_QUEUE, FLOOR_QUEUE]
     purged = sum(purge(app, queue) for queue in queues)
