@@ -2,7 +2,8 @@
 
 Run from the repository root::
 
-    .venv/bin/python -m benchmarks.execution [--runs 2000] [--rounds 3]
+    .venv/bin/python -m benchmarks.execution [--runs 2000] [--rounds 3] [--turns 300]
+        [--turn-rounds 5] [--in-process-only]
 
 It (re)creates the PostgreSQL database ``durable_bench_exec`` (``--database``), migrates
 it, creates the tables ``bench_exec_write`` and ``bench_exec_floor``, and starts three
@@ -35,6 +36,30 @@ absolutes). It also shows the CPU time per run of each worker process and of its
 PostgreSQL server process, and each worker's peak memory (``VmHWM``). Before the rounds
 the script counts the PostgreSQL round trips of one run turn, executed in this process
 with libpq's protocol trace on, and lists its statements.
+
+Before starting the workers, the script measures **in-process rows** (printed after the
+workers' tables): turns executed in this process as a worker executes them (no broker, no
+worker), the variants interleaved:
+
+- **ctx.step turn**: a turn of ``bench.three_writes``, ``engine.execute(run_id)`` (the call
+  the ``durable_django.execute_run`` task makes);
+- **ctx.transaction turn**: a turn of ``bench.three_transactions``, likewise;
+- **floor**: ``floor_three_writes``'s function (the same commits with the cheapest
+  writes), called directly, without Celery's task wrapper, as the turns are.
+
+Each of ``--turn-rounds`` rounds empties the tables and starts its ``--turns`` runs of
+each workflow first, under the quota, outside the timed part (the timing is the turn
+alone); then each variant executes its ``--turns`` turns back to back, each round
+starting with another variant. Per variant: the median rate over the rounds, the median
+over the rounds of each round's mean and median turn, and the CPU per turn of this
+process (``time.process_time()``) and of its connection's PostgreSQL server process. The
+ratios, speed ratios (turns/s of the numerator over the denominator's), are the median of
+the per-round ratios with their interquartile range, and the same by CPU (this process's,
+and this process's with its server process's), with their goals: transactional / step
+>= 1.0, step / floor >= 0.8. ``--in-process-only`` measures just these (and the round
+trips): no worker, no broker, no Procrastinate; ``--turns 0`` leaves them out. These
+rows use the script's own connection: ``--prepared``, ``--synchronous-commit`` and
+``--connections`` are the workers'.
 
 With ``--base PATH`` (a checkout of the code before a change, e.g. ``git worktree add
 --detach /tmp/base main``), a sixth variant runs the durable workflow on a worker
