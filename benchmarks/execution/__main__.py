@@ -665,18 +665,20 @@ def measure_in_process(
 def print_in_process(batches: dict[str, list[TurnBatch]], turns: int) -> None:
     """The in-process rows and their ratios, each with its goal."""
     rounds = len(next(iter(batches.values())))
+    rates = {name: [turns / b.seconds for b in bs] for name, bs in batches.items()}
+    shown_rates = {name: " ".join(f"{r:.0f}" for r in rs) for name, rs in rates.items()}
+    column = max(9, *(len(text) for text in shown_rates.values()))
     header = (
-        f"| {'in process':<30} | {'turns/s':>7} | {'per round':>29} | {'mean µs':>7} "
+        f"| {'in process':<30} | {'turns/s':>7} | {'per round':>{column}} | {'mean µs':>7} "
         f"| {'median µs':>9} | {'CPU µs/turn':>11} | {'its PG CPU µs/turn':>18} |"
     )
     print(header)
     print("| " + " | ".join("-" * (len(c) - 2) for c in header.split("|")[1:-1]) + " |")
     for name, label in IN_PROCESS.items():
         bs = batches[name]
-        rates = [turns / b.seconds for b in bs]
         print(
-            f"| {label:<30} | {statistics.median(rates):>7.0f} "
-            f"| {' '.join(f'{r:.0f}' for r in rates):>29} "
+            f"| {label:<30} | {statistics.median(rates[name]):>7.0f} "
+            f"| {shown_rates[name]:>{column}} "
             f"| {statistics.median(b.mean_us for b in bs):>7.0f} "
             f"| {statistics.median(b.median_us for b in bs):>9.0f} "
             f"| {statistics.median(b.cpu for b in bs) * 1e6 / turns:>11.0f} "
