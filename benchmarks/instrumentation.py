@@ -112,13 +112,9 @@ def main() -> None:
     set_up_django(args.database)
     from django.db import connection
 
-    from benchmarks.common.execution_work import TABLE
+    from benchmarks.common.execution_work import create_tables
 
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"CREATE TABLE {TABLE} (id bigserial PRIMARY KEY, source text NOT NULL, "
-            f"step integer NOT NULL, written_at timestamptz NOT NULL DEFAULT now())"
-        )
+    create_tables()
     connection.close()
     variants = {"none": (ROOT, "plain"), "otel": (ROOT, "otel")}
     if args.base:

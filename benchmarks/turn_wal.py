@@ -297,18 +297,11 @@ def main() -> None:
         from django.utils import timezone
 
         import durable_django
-        from benchmarks.common.execution_work import FLOOR_TABLE, TABLE, floor_three_writes
+        from benchmarks.common.execution_work import create_tables, floor_three_writes
         from benchmarks.common.execution_work import three_writes as workflow
         from durable_django import Engine
 
-        sql(
-            f"CREATE TABLE {TABLE} (id bigserial PRIMARY KEY, source text NOT NULL, "
-            f"step integer NOT NULL, written_at timestamptz NOT NULL DEFAULT now())"
-        )
-        sql(
-            f"CREATE TABLE {FLOOR_TABLE} (id bigserial PRIMARY KEY, source text NOT NULL, "
-            f"kind text NOT NULL, written_at timestamptz NOT NULL DEFAULT now())"
-        )
+        create_tables()
         engine = Engine(enqueue=False)
         # warm up: the connection's caches, the functions compiled, the tables' first pages
         for index in range(20):

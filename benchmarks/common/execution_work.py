@@ -25,13 +25,26 @@ from django.db import connection
 
 from durable_django import Concurrency, workflow
 
-#: The table the variants write to (created by ``benchmarks.execution``).
+#: The table the variants write to (made by :func:`create_tables`).
 TABLE = "bench_exec_write"
 #: The floor variant's stand-ins for the bookkeeping go here.
 FLOOR_TABLE = "bench_exec_floor"
 PLAIN_QUEUE = "durable_bench_exec_plain"
 FLOOR_QUEUE = "durable_bench_exec_floor"
 TENANTS = 10
+
+
+def create_tables() -> None:
+    """Create the tables the variants write to, ``TABLE`` and ``FLOOR_TABLE``."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"CREATE TABLE {TABLE} (id bigserial PRIMARY KEY, source text NOT NULL, "
+            f"step integer NOT NULL, written_at timestamptz NOT NULL DEFAULT now())"
+        )
+        cursor.execute(
+            f"CREATE TABLE {FLOOR_TABLE} (id bigserial PRIMARY KEY, source text NOT NULL, "
+            f"kind text NOT NULL, written_at timestamptz NOT NULL DEFAULT now())"
+        )
 
 
 def write(source: str, step: int) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Run from the repository root::
 
-    .venv/bin/python -m benchmarks.execution [--runs 2000] [--rounds 3]
+    .venv/bin/python -m benchmarks.execution [--runs 2000] [--rounds 3] [--turns 300]
+        [--turn-rounds 5] [--in-process-only]
 
 It (re)creates the PostgreSQL database ``durable_bench_exec`` (``--database``), migrates
 it, creates the tables ``bench_exec_write`` and ``bench_exec_floor``, and starts three
@@ -35,6 +36,30 @@ absolutes). It also shows the CPU time per run of each worker process and of its
 PostgreSQL server process, and each worker's peak memory (``VmHWM``). Before the rounds
 the script counts the PostgreSQL round trips of one run turn, executed in this process
 with libpq's protocol trace on, and lists its statements.
+
+Before starting the workers, the script measures **in-process rows** (printed after the
+workers' tables): turns executed in this process as a worker executes them (no broker, no
+worker), the variants interleaved:
+
+- **ctx.step turn**: a turn of ``bench.three_writes``, ``engine.execute(run_id)`` (the call
+  the ``durable_django.execute_run`` task makes);
+- **ctx.transaction turn**: a turn of ``bench.three_transactions``, likewise;
+- **floor**: ``floor_three_writes``'s function (the same commits with the cheapest
+  writes), called directly, without Celery's task wrapper, as the turns are.
+
+Each of ``--turn-rounds`` rounds empties the tables and starts its ``--turns`` runs of
+each workflow first, under the quota, outside the timed part (the timing is the turn
+alone); then each variant executes its ``--turns`` turns back to back, each round
+starting with another variant. Per variant: the median rate over the rounds, the median
+over the rounds of each round's mean and median turn, and the CPU per turn of this
+process (``time.process_time()``) and of its connection's PostgreSQL server process. The
+ratios, speed ratios (turns/s of the numerator over the denominator's), are the median of
+the per-round ratios with their interquartile range, and the same by CPU (this process's,
+and this process's with its server process's), with their goals: transactional / step
+>= 1.0, step / floor >= 0.8. ``--in-process-only`` measures just these (and the round
+trips): no worker, no broker, no Procrastinate; ``--turns 0`` leaves them out. These
+rows use the script's own connection: ``--prepared``, ``--synchronous-commit`` and
+``--connections`` are the workers'.
 
 With ``--base PATH`` (a checkout of the code before a change, e.g. ``git worktree add
 --detach /tmp/base main``), a sixth variant runs the durable workflow on a worker
@@ -89,6 +114,17 @@ GOALS = (
     ("transactional", "plain", 0.65),
     ("durable", "procrastinate", 1.0),
 )
+#: The goals of the in-process rows: (numerator, denominator, at least) on turns/s.
+IN_PROCESS_GOALS = (
+    ("transactional", "step", 1.0),
+    ("step", "floor", 0.8),
+)
+#: The in-process variants, and their rows.
+IN_PROCESS = {
+    "step": "ctx.step turn: 3 steps",
+    "transactional": "ctx.transaction turn: 3 steps",
+    "floor": "floor: the same commits",
+}
 POLL = 0.02  # seconds between two counts of what is done
 STALL = 60.0  # seconds without progress before a measurement is abandoned
 BENCH_TABLES = ["durable_run", "durable_run_tag", "durable_step", "durable_signal"]
@@ -111,6 +147,17 @@ class Measurement:
     server_cpu: float  # ms of CPU per run: the worker's PostgreSQL server process (NaN: unknown)
     hwm_kb: int  # the worker's VmHWM after this measurement
     rss_kb: int  # its VmRSS
+
+
+@dataclass
+class TurnBatch:
+    """One in-process variant's turns of one round."""
+
+    seconds: float  # wall time of the batch's turns, back to back
+    cpu: float  # this process's CPU time over the batch (``time.process_time()``)
+    server_cpu: float  # CPU seconds of this connection's server process (NaN: unknown)
+    mean_us: float  # the batch's mean turn, µs
+    median_us: float  # its median turn, µs
 
 
 @dataclass
@@ -173,6 +220,25 @@ def parse_args() -> argparse.Namespace:
         "--only",
         default="",
         help="the variants to measure, comma-separated (default: every one)",
+    )
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=300,
+        metavar="N",
+        help="turns per variant and round of the in-process rows (0: no in-process rows)",
+    )
+    parser.add_argument(
+        "--turn-rounds",
+        type=int,
+        default=5,
+        metavar="N",
+        help="rounds of the in-process rows",
+    )
+    parser.add_argument(
+        "--in-process-only",
+        action="store_true",
+        help="only the in-process rows (and the round trips): no worker, broker nor Procrastinate",
     )
     parser.add_argument(
         "--profile",
@@ -383,6 +449,24 @@ def shown(value: float, digits: int = 2) -> str:
     return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
 
 
+def verdict(value: float, goal: float | None) -> str:
+    """The goal's line of a ratio: ">= goal: met" or "MISSED" ("" without a goal)."""
+    return "" if goal is None else f">= {goal}: {'met' if value >= goal else 'MISSED'}"
+
+
+def per_round(values: list[float]) -> str:
+    """Per-round ratios, as the ratio tables show them."""
+    return ", ".join(f"{value:.3f}" for value in values)
+
+
+def iqr(values: list[float]) -> str:
+    """The interquartile range of ``values``, "n/a" for fewer than two."""
+    if len(values) < 2:
+        return "n/a"
+    low, _, high = statistics.quantiles(values, n=4)
+    return f"{low:.2f}-{high:.2f}"
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid``, from ``/proc/<pid>/stat``."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -497,6 +581,140 @@ def profile_turns(engine, workflow, turns: int) -> str:
     return out.getvalue()
 
 
+def timed_turns(turn, items: list) -> TurnBatch:
+    """Call ``turn(item)`` for each of ``items``, back to back, and time each call."""
+    gc.collect()
+    ((pid,),) = sql("SELECT pg_backend_pid()")
+    server_before = cpu_seconds(pid)
+    clock = time.perf_counter
+    durations = []
+    cpu_before = time.process_time()
+    began = clock()
+    for item in items:
+        start = clock()
+        turn(item)
+        durations.append(clock() - start)
+    seconds = clock() - began
+    cpu = time.process_time() - cpu_before
+    server_cpu = cpu_seconds(pid) - server_before
+    # Known only when the connection (and so its server process) was the same throughout.
+    if sql("SELECT pg_backend_pid()")[0][0] != pid:
+        server_cpu = float("nan")
+    return TurnBatch(
+        seconds,
+        cpu,
+        server_cpu,
+        statistics.fmean(durations) * 1e6,
+        statistics.median(durations) * 1e6,
+    )
+
+
+def measure_in_process(
+    engine, step_flow, transaction_flow, turns: int, rounds: int
+) -> dict[str, list[TurnBatch]]:
+    """The in-process rows: ``rounds`` rounds of ``turns`` turns of each variant, executed
+    in this process as a worker executes them (``engine.execute(run_id)``, the call of
+    the ``durable_django.execute_run`` task; the floor's task function itself).
+
+    Each round empties the tables and starts its runs first (not timed); then each
+    variant executes its turns back to back, each round starting with another variant.
+    """
+    from benchmarks.common.execution_work import TENANTS, floor_three_writes
+
+    flows = {"step": step_flow, "transactional": transaction_flow}
+
+    def prepare(name: str, count: int) -> list[str]:
+        if name == "floor":
+            return [uuid.uuid4().hex for _ in range(count)]
+        return [
+            engine.start(flows[name], {"tenant": f"t{i % TENANTS}", "n": i}).run_id
+            for i in range(count)
+        ]
+
+    work = {"step": engine.execute, "transactional": engine.execute}
+    work["floor"] = floor_three_writes.run  # the function, without Celery's call wrapper
+    names = list(IN_PROCESS)
+    batches: dict[str, list[TurnBatch]] = {name: [] for name in names}
+    # Warm up: the connection's caches, the functions compiled, the tables' first pages.
+    empty_tables()
+    for name in names:
+        timed_turns(work[name], prepare(name, 50))
+    print(
+        f"measuring in this process: {len(names)} variants x {rounds} rounds x {turns} turns ...",
+        flush=True,
+    )
+    for number in range(rounds):
+        empty_tables()
+        prepared = {name: prepare(name, turns) for name in names}
+        order = names[number % len(names) :] + names[: number % len(names)]
+        for name in order:
+            batch = timed_turns(work[name], prepared[name])
+            batches[name].append(batch)
+            print(
+                f"  round {number + 1} {name:<13} {turns / batch.seconds:7.0f} turns/s "
+                f"(mean {batch.mean_us:.0f} µs, median {batch.median_us:.0f} µs; "
+                f"CPU µs/turn: this process {batch.cpu * 1e6 / turns:.0f}, "
+                f"its server process {shown(batch.server_cpu * 1e6 / turns, 0)})",
+                flush=True,
+            )
+        completed = engine.count_runs(statuses=["completed"])
+        assert completed == 2 * turns, f"{completed} of {2 * turns} runs completed"
+    return batches
+
+
+def print_in_process(batches: dict[str, list[TurnBatch]], turns: int) -> None:
+    """The in-process rows and their ratios, each with its goal."""
+    rounds = len(next(iter(batches.values())))
+    rates = {name: [turns / b.seconds for b in bs] for name, bs in batches.items()}
+    shown_rates = {name: " ".join(f"{r:.0f}" for r in rs) for name, rs in rates.items()}
+    column = max(9, *(len(text) for text in shown_rates.values()))
+    header = (
+        f"| {'in process':<30} | {'turns/s':>7} | {'per round':>{column}} | {'mean µs':>7} "
+        f"| {'median µs':>9} | {'CPU µs/turn':>11} | {'its PG CPU µs/turn':>18} |"
+    )
+    print(header)
+    print("| " + " | ".join("-" * (len(c) - 2) for c in header.split("|")[1:-1]) + " |")
+    for name, label in IN_PROCESS.items():
+        bs = batches[name]
+        print(
+            f"| {label:<30} | {statistics.median(rates[name]):>7.0f} "
+            f"| {shown_rates[name]:>{column}} "
+            f"| {statistics.median(b.mean_us for b in bs):>7.0f} "
+            f"| {statistics.median(b.median_us for b in bs):>9.0f} "
+            f"| {statistics.median(b.cpu for b in bs) * 1e6 / turns:>11.0f} "
+            f"| {shown(statistics.median(b.server_cpu for b in bs) * 1e6 / turns, 0):>18} |"
+        )
+    print()
+    width = max(23, 7 * rounds - 2)
+    print(
+        f"| {'ratio (in process, turns/s)':<52} | {'value':>5} | {'IQR':<9} "
+        f"| {'per round':<{width}} | {'by CPU':>6} | {'by CPU + PG':>11} | {'goal':<16} |"
+    )
+    print(
+        f"| {'-' * 52} | {'-' * 4}: | {'-' * 9} | {'-' * width} | {'-' * 5}: | {'-' * 10}: "
+        f"| {'-' * 16} |"
+    )
+    goals = {(n, d): at_least for n, d, at_least in IN_PROCESS_GOALS}
+    for numerator, denominator in (
+        ("transactional", "step"),
+        ("step", "floor"),
+        ("transactional", "floor"),
+    ):
+        pairs = list(zip(batches[numerator], batches[denominator], strict=True))
+        ratios = [d.seconds / n.seconds for n, d in pairs]
+        by_cpu = statistics.median(d.cpu / n.cpu for n, d in pairs)
+        with_server = statistics.median(
+            (d.cpu + d.server_cpu) / (n.cpu + n.server_cpu) for n, d in pairs
+        )
+        value = statistics.median(ratios)
+        print(
+            f"| {numerator + ' / ' + denominator:<52} | {value:.3f} | {iqr(ratios):<9} "
+            f"| {per_round(ratios):<{width}} | {by_cpu:.3f} | {shown(with_server, 3):>11} "
+            f"| {verdict(value, goals.get((numerator, denominator))):<16} |"
+        )
+    print()
+
+
 def main() -> None:
     args = parse_args()
     os.environ["DURABLE_BENCH_DB"] = args.database
@@ -506,7 +724,8 @@ def main() -> None:
     from benchmarks.common.database import recreate_database
 
     recreate_database(args.database)
-    recreate_database(procrastinate_database)
+    if not args.in_process_only:
+        recreate_database(procrastinate_database)
 
     import django
 
@@ -522,6 +741,7 @@ def main() -> None:
         PLAIN_QUEUE,
         TABLE,
         TENANTS,
+        create_tables,
         floor_three_writes,
         plain_three_writes,
         three_transactions,
@@ -531,14 +751,63 @@ def main() -> None:
     from durable_django.engines import default_engine
 
     call_command("migrate", verbosity=0)
-    sql(
-        f"CREATE TABLE {TABLE} (id bigserial PRIMARY KEY, source text NOT NULL, "
-        f"step integer NOT NULL, written_at timestamptz NOT NULL DEFAULT now())"
-    )
-    sql(
-        f"CREATE TABLE {FLOOR_TABLE} (id bigserial PRIMARY KEY, source text NOT NULL, "
-        f"kind text NOT NULL, written_at timestamptz NOT NULL DEFAULT now())"
-    )
+    create_tables()
+
+    # One turn's round trips, and the in-process rows, in this process (no worker yet).
+    local = Engine(enqueue=False)
+    trips, statements = turn_round_trips(local, workflow)
+    tx_trips, tx_statements = turn_round_trips(local, three_transactions)
+    in_process: dict[str, list[TurnBatch]] = {}
+    if args.turns:
+        in_process_load = os.getloadavg()
+        began = time.perf_counter()
+        in_process = measure_in_process(
+            local, workflow, three_transactions, args.turns, args.turn_rounds
+        )
+        in_process_elapsed = time.perf_counter() - began
+        in_process_load += os.getloadavg()
+
+    def machine(load: tuple[float, ...], broker: str = "") -> str:
+        """The date, the versions, the cores and the load average before and after."""
+        server = sql("SHOW server_version")[0][0]
+        return (
+            f"{datetime.date.today().isoformat()}, Python {platform.python_version()}, "
+            f"PostgreSQL {server.split()[0]}{broker}, {os.cpu_count()} cores (shared), "
+            f"load average {load[0]:.2f} before, {load[3]:.2f} after"
+        )
+
+    def print_in_process_rows() -> None:
+        if not in_process:
+            return
+        print(
+            f"in this process: {machine(in_process_load)}; {args.turn_rounds} rounds x "
+            f"{args.turns} turns per variant in {in_process_elapsed:.0f} s; the runs "
+            f"started before each round, not timed"
+        )
+        print()
+        print_in_process(in_process, args.turns)
+
+    def print_round_trips() -> None:
+        for flow, count, listed in (
+            (workflow, trips, statements),
+            (three_transactions, tx_trips, tx_statements),
+        ):
+            print(f"one run turn of {flow.name!r}: {count} PostgreSQL round trips")
+            for number, statement in enumerate(listed, 1):
+                print(f"  {number:>2}. {short(statement)}")
+            print()
+
+    if args.in_process_only:
+        profile = profile_turns(local, workflow, args.profile) if args.profile else ""
+        print()
+        print_in_process_rows()
+        print_round_trips()
+        if profile:
+            print(f"profile of {args.profile} run turns in this process:")
+            print(profile)
+        connection.close()
+        return
+
     durable_queue = default_engine.config.queue
     queues = [durable_queue, PLAIN_QUEUE, FLOOR_QUEUE]
     purged = sum(purge(app, queue) for queue in queues)
@@ -550,11 +819,6 @@ def main() -> None:
 
     procrastinate_app.open()
     procrastinate_app.schema_manager.apply_schema()
-
-    # One turn's round trips, and optionally a profile, in this process (no worker).
-    local = Engine(enqueue=False)
-    trips, statements = turn_round_trips(local, workflow)
-    tx_trips, tx_statements = turn_round_trips(local, three_transactions)
 
     def durable_dispatch(index: int) -> None:
         workflow.dispatch({"tenant": f"t{index % TENANTS}", "n": index})
@@ -693,7 +957,7 @@ def main() -> None:
             f"one worker of concurrency 1 per variant (the two durable ones share theirs) ...",
             flush=True,
         )
-        load_before = os.getloadavg()
+        load = os.getloadavg()
         began = time.perf_counter()
         for number in range(args.rounds):
             # Each round starts with another variant.
@@ -711,7 +975,7 @@ def main() -> None:
                     flush=True,
                 )
         elapsed = time.perf_counter() - began
-        load_after = os.getloadavg()
+        load += os.getloadavg()
         profile = profile_turns(local, workflow, args.profile) if args.profile else ""
     finally:
         for worker in workers.values():
@@ -719,12 +983,9 @@ def main() -> None:
         purged += sum(purge(app, queue) for queue in queues)
         procrastinate_app.close()
 
-    server = sql("SHOW server_version")[0][0]
     print()
     print(
-        f"{datetime.date.today().isoformat()}, Python {platform.python_version()}, "
-        f"PostgreSQL {server.split()[0]}, Redis broker, {os.cpu_count()} cores (shared), "
-        f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
+        f"{machine(load, ', Redis broker')}; "
         f"{args.rounds} rounds x {args.runs} runs per variant in {elapsed:.0f} s; "
         f"worker connections: {args.connections}; "
         f"workers' synchronous_commit: {args.synchronous_commit}; "
@@ -784,13 +1045,11 @@ def main() -> None:
     ):
         if numerator not in measured or denominator not in measured:
             continue
-        value, per_round = ratio(numerator, denominator)
-        goal = goals.get((numerator, denominator))
-        verdict = "" if goal is None else f">= {goal}: {'met' if value >= goal else 'MISSED'}"
-        rounds = ", ".join(f"{r:.3f}" for r in per_round)
+        value, rounds = ratio(numerator, denominator)
+        goal = verdict(value, goals.get((numerator, denominator)))
         print(
-            f"| {numerator + ' / ' + denominator + note:<52} | {value:.3f} | {rounds:<{width}} "
-            f"| {verdict:<16} |"
+            f"| {numerator + ' / ' + denominator + note:<52} | {value:.3f} "
+            f"| {per_round(rounds):<{width}} | {goal:<16} |"
         )
     print()
     if "durable" in measured and "plain" in measured:
@@ -807,20 +1066,13 @@ def main() -> None:
                 for d, p in zip(measured[name], plain, strict=True)
             ]
             print(f"CPU per run, {label}: {name}/plain = {shown(statistics.median(costs))}x")
-    for flow, count, listed in (
-        (workflow, trips, statements),
-        (three_transactions, tx_trips, tx_statements),
-    ):
-        print()
-        print(f"one run turn of {flow.name!r}: {count} PostgreSQL round trips")
-        for number, statement in enumerate(listed, 1):
-            print(f"  {number:>2}. {short(statement)}")
+    print()
+    print_in_process_rows()
+    print_round_trips()
     if profile:
-        print()
         print(f"profile of {args.profile} run turns in this process:")
         print(profile)
     connection.close()
-    print()
     print(f"purged {purged} messages from the Redis queues")
 
 
