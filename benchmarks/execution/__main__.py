@@ -100,6 +100,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -347,13 +348,9 @@ class Worker:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"worker exited:\n{self.read_log()}")
-            if self.app.control.ping(destination=[self.hostname], timeout=0.5):
-                return
-        raise RuntimeError(f"worker not ready after 60 s:\n{self.read_log()}")
+        self._wait_ready(
+            lambda: bool(self.app.control.ping(destination=[self.hostname], timeout=0.5))
+        )
 
     def _start_procrastinate(self, env: dict[str, str]) -> None:
         """``procrastinate worker --concurrency 1`` on the queue; ready once it is
@@ -381,13 +378,18 @@ class Worker:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        self._wait_ready(lambda: bool(self.server_cpu()[0]), pause=0.1)
+
+    def _wait_ready(self, ready: Callable[[], bool], pause: float = 0.0) -> None:
+        """Return once ``ready()`` says the started worker is ready; raise with its log
+        when it exits or is not ready within 60 s."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"worker exited:\n{self.read_log()}")
-            if self.server_cpu()[0]:
+            if ready():
                 return
-            time.sleep(0.1)
+            time.sleep(pause)
         raise RuntimeError(f"worker not ready after 60 s:\n{self.read_log()}")
 
     @property

@@ -17,7 +17,6 @@ the reference.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConcurrencyLimitError, RateLimitError
 from .concurrency import Quota
+from .overrides import in_force
 
 if TYPE_CHECKING:
     from .tickets import Line
@@ -88,9 +88,8 @@ def refused_by(quotas: Sequence[Quota], position: int, active: int, limit: int) 
     ``position`` among ``quotas`` (from 1, as SQL counts), the key's ``active`` units and
     the ``limit`` it met (an operator's override's, or the quota's own)."""
     quota = quotas[position - 1]
-    if limit != quota.limit:
-        quota = dataclasses.replace(quota, limit=int(limit))
-    return Refusal(position - 1, quota, int(active))
+    (met,) = in_force((quota,), {quota.tag: int(limit)})
+    return Refusal(position - 1, met, int(active))
 
 
 def window_start(quota: Quota, now: datetime.datetime) -> datetime.datetime:

@@ -39,8 +39,22 @@ if TYPE_CHECKING:
 RECENT_RUNS = 50
 
 
+class InForce:
+    """What a usage record of a key with a declared ``limit`` and maybe an operator's
+    ``override`` says of the limit its starts obey now."""
+
+    __slots__ = ()
+    limit: int | None
+    override: Override | None
+
+    @property
+    def limit_in_force(self) -> int | None:
+        """The limit a start of the key obeys now: the override's, else the declared one."""
+        return self.override.limit if self.override is not None else self.limit
+
+
 @dataclass(frozen=True, slots=True)
-class QuotaUsage:
+class QuotaUsage(InForce):
     """One quota key: its active runs (in units: each run counts its weight, 1 unless
     its quota says more), the workflows they belong to, and the limit declared for it
     (``None`` when nothing declares one, or its limit function failed).
@@ -64,11 +78,6 @@ class QuotaUsage:
         return quota_tag(self.key)
 
     @property
-    def limit_in_force(self) -> int | None:
-        """The limit a start of the key obeys now: the override's, else the declared one."""
-        return self.override.limit if self.override is not None else self.limit
-
-    @property
     def full(self) -> bool:
         """Whether a start under the limit in force would be refused now."""
         limit = self.limit_in_force
@@ -85,7 +94,7 @@ def estimate_for(engine: Runtime, usage: QuotaUsage) -> estimates.Estimate | Non
 
 
 @dataclass(frozen=True, slots=True)
-class RateUsage:
+class RateUsage(InForce):
     """One rate limit key's window now: the ``used`` units of the runs started under it
     in the last ``per`` seconds (whatever became of them), the ``limit`` and ``per``
     declared for it (``None`` when nothing declares one, or its limit function failed;
@@ -113,11 +122,6 @@ class RateUsage:
     def tag(self) -> str:
         """The tag the key's runs carry."""
         return rate_tag(self.key)
-
-    @property
-    def limit_in_force(self) -> int | None:
-        """The limit a start of the key obeys now: the override's, else the declared one."""
-        return self.override.limit if self.override is not None else self.limit
 
     @property
     def full(self) -> bool:
@@ -364,8 +368,8 @@ def rate_window(
         return RateUsage(
             key, used, None, None, workflows, limit_error=declared.error, override=override
         )
-    in_force = override.limit if override is not None else declared.limit
-    quota = Quota(key, in_force, (), per=declared.per)
+    limit = override.limit if override is not None else declared.limit
+    quota = Quota(key, limit, (), per=declared.per)
     window = engine.store.rate_window(quota, now, engine.read_namespace)
     return RateUsage(
         key=key,

@@ -650,13 +650,14 @@ class BaseStore(abc.ABC):
 
     def set_override(self, override: Override) -> None:
         """Store ``override`` for its key's tag and scope, in place of the one stored
-        there (whatever its ``until``), in a transaction of its own that has committed when
-        this returns: the next start of the key, in any process, reads it."""
+        there (whatever its ``until``), committed when this returns (or, inside a
+        transaction of the caller's, when that commits): the next start of the key, in
+        any process, reads it."""
         raise NotImplementedError(f"{type(self).__name__} keeps no operator overrides")
 
     def clear_override(self, tag: str, scope: str) -> bool:
-        """Delete the override of ``tag`` in ``scope``, committed when this returns;
-        whether one was stored (live or not)."""
+        """Delete the override of ``tag`` in ``scope``, committed as :meth:`set_override`
+        is; whether one was stored (live or not)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no operator overrides")
 
     def list_overrides(self, scope: str | None, now: datetime) -> list[Override]:
