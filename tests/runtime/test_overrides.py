@@ -11,6 +11,7 @@ import datetime
 import time
 
 import pytest
+from django.db import DatabaseError
 from django.utils import timezone
 
 from durable_django import (
@@ -24,6 +25,7 @@ from durable_django import (
 from durable_django.stores import OrmStore
 from durable_django.testing import run_until_idle
 
+from ..database_refusal import MESSAGE, refusing
 from ..helpers import echo, force_status
 
 
@@ -187,3 +189,21 @@ def test_a_paused_keys_refusal_says_when_the_pause_ends(chat, clock):
     chat.set_limit("tenant:acme", 0)  # for good: nothing says when
     error = refused(chat, acme(4))
     assert (error.estimate.basis, error.retry_after) == ("paused", 1.0)
+
+
+def test_an_override_the_database_refuses_changes_nothing(orm_engine, transactional_db):
+    """A refused write of an override raises the database's error to the operator, and
+    the limit in force stays what it was: the stored override, then the declared one."""
+    orm_engine.register("chat", "1", echo, concurrency=tenant(3))
+    orm_engine.set_limit("tenant:acme", 1)
+    # A new override is an INSERT; a changed one an UPDATE of its row.
+    for event, key, limit in (("INSERT", "tenant:globex", 0), ("UPDATE", "tenant:acme", 5)):
+        with (
+            refusing("durable_quota_override", event, "1 = 1"),
+            pytest.raises(DatabaseError, match=MESSAGE),
+        ):
+            orm_engine.set_limit(key, limit)
+    assert [(o.key, o.limit) for o in orm_engine.overrides()] == [("tenant:acme", 1)]
+    assert orm_engine.start("chat", acme(1)).created
+    assert refused(orm_engine, acme(2)).limit == 1
+    assert orm_engine.start("chat", {"tenant": "globex"}).created  # its pause never stored
