@@ -139,6 +139,18 @@ def statements_sent() -> Iterator[list[str]]:
         yield sent
 
 
+@contextlib.contextmanager
+def other_connection() -> Iterator[Any]:
+    """A second psycopg connection of the PostgreSQL test database's, autocommitted."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as other:
+        yield other
+
+
 # the migrations ------------------------------------------------------------------------
 
 

@@ -26,11 +26,12 @@ import abc
 import dataclasses
 import logging
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from django.db import transaction as db_transaction
 from django.utils import timezone
 
 from .._core.lifecycle import TERMINAL_STATUSES
@@ -466,6 +467,14 @@ class BaseStore(abc.ABC):
         """Record ``step`` only while ``owner`` holds the running run, in one transaction;
         False, and nothing recorded, when it does not."""
         return self._record_held(run_id, owner, "running", step, replace=replace)
+
+    def step_transaction(self) -> AbstractContextManager[Any]:
+        """The transaction a transactional step's function and record share: ``atomic()``
+        on the Django database :attr:`using`; none for a store kept elsewhere, which runs
+        the function, then records it."""
+        if self.using is None:
+            return nullcontext()
+        return db_transaction.atomic(using=self.using)
 
     def commit_held_step(self, run_id: str, step: StepRecord, owner: str) -> bool:
         """:meth:`record_held_step` for a transactional step, called last in the step's

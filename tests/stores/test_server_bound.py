@@ -13,6 +13,8 @@ from django.test.utils import CaptureQueriesContext
 
 from durable_django.stores.postgres.bound import fetch_one
 
+from ..helpers import other_connection
+
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(connection.vendor != "postgresql", reason="the fast path is PostgreSQL's"),
@@ -63,7 +65,7 @@ def test_errors_are_djangos():
 
 def test_a_dropped_connection_raises_djangos_operational_error():
     (pid,) = fetch_one(connection, "SELECT pg_backend_pid()", [])  # type: ignore[misc]
-    with _other() as other:
+    with other_connection() as other:
         other.execute("SELECT pg_terminate_backend(%s)", [pid])
     with pytest.raises(OperationalError):
         fetch_one(connection, "SELECT 1", [])
@@ -98,22 +100,6 @@ def test_nothing_is_prepared():
     for _ in range(10):
         fetch_one(connection, "SELECT %s::integer", [5])
     assert fetch_one(connection, "SELECT count(*) FROM pg_prepared_statements", []) == (0,)
-
-
-class _other:
-    """A second connection of the test database's, autocommitted."""
-
-    def __enter__(self) -> Any:
-        import psycopg
-
-        params = connection.get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
-        self.conn = psycopg.connect(**params, autocommit=True)
-        return self.conn
-
-    def __exit__(self, *exc: object) -> None:
-        self.conn.close()
 
 
 def test_one_cursor_per_connection_usable_after_an_error():

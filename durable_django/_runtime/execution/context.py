@@ -29,7 +29,6 @@ from typing import (
 )
 
 from django.db import DatabaseError
-from django.db import transaction as db_transaction
 from django.utils import timezone
 
 from ..._core.context import current_context
@@ -341,7 +340,7 @@ class Context:
         try:
             # The connection is judged inside the transaction, before its end replaces a
             # dropped connection with a new one: a lost database hands the run back.
-            with _transaction_of(store), _reaching(store):
+            with store.step_transaction(), _reaching(store):
                 result = json_copy(_outside_body(fn, *args, **kwargs), what)
                 record = dataclasses.replace(step, result=result)
                 if unwritten is not None:
@@ -624,14 +623,6 @@ def _check_own_child(context: Context, run_id: str) -> None:
         raise DurableError(
             f"child id {run_id!r} is taken by a run that is not a child of {context.run_id!r}"
         )
-
-
-def _transaction_of(store: BaseStore) -> contextlib.AbstractContextManager[Any]:
-    """A transactional step's transaction: on the store's Django database, or, for a
-    store kept elsewhere (``MemoryStore``), none: ``fn`` runs, then the record is made."""
-    if store.using is None:
-        return contextlib.nullcontext()
-    return db_transaction.atomic(using=store.using)
 
 
 def _replayed(name: str, recorded: StepRecord | None) -> tuple[Any, int]:
