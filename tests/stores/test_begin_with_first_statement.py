@@ -145,7 +145,7 @@ def test_the_first_statement_reads_as_its_own():
     Signal.objects.create(token=token)
     with transaction.atomic(), begun_with_first_statement(connection):
         assert Signal.objects.filter(token=token).update(payload={"a": 1}) == 1
-        assert connection.connection.info.transaction_status == 2  # INTRANS
+        assert connection.connection.pgconn.transaction_status == 2  # INTRANS
     with transaction.atomic(), begun_with_first_statement(connection):
         assert [s.payload for s in Signal.objects.filter(token=token)] == [{"a": 1}]
     assert_autocommit_again()

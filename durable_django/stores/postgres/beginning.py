@@ -82,7 +82,7 @@ def _rides(connection: BaseDatabaseWrapper) -> bool:
     return (
         isinstance(raw, Connection)
         and not raw.autocommit
-        and raw.info.transaction_status == TransactionStatus.IDLE
+        and raw.pgconn.transaction_status == TransactionStatus.IDLE
         and binds_client_side(raw)
     )
 
@@ -113,14 +113,14 @@ class _FirstStatement:
             or not isinstance(cursor, ClientCursor)
             or cursor.connection is not raw
             or raw.autocommit
-            or raw.info.transaction_status != TransactionStatus.IDLE
+            or raw.pgconn.transaction_status != TransactionStatus.IDLE
         ):
             return execute(sql, params, many, context)  # psycopg sends its BEGIN
         raw.autocommit = True  # for this call: the statement carries the BEGIN
         try:
             result = execute(f"{begin_command(raw)}; {sql}", params, many, context)
         finally:
-            if raw.info.transaction_status == TransactionStatus.IDLE:
+            if raw.pgconn.transaction_status == TransactionStatus.IDLE:
                 raw.autocommit = False  # nothing began (the connection failed first)
         cursor.nextset()  # past BEGIN's result, to the statement's
         return result
