@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ from django.utils import timezone
 
 from durable_django import ConcurrencyLimitError, Engine, RunStatus
 from durable_django import engine as default_engine
-from durable_django.models import Run, RunTag
+from durable_django.models import Run, RunTag, Signal
 from durable_django.stores import OrmStore
 from tests.hammer_worker import make_engine, run_threads, start_once
 from tests.testapp.workflows import EchoWorkflow
@@ -167,6 +168,50 @@ def test_starts_and_turns_leave_no_session_state(pgbouncer_program: str) -> None
         assert session_state(probe) == before
         assert before[2] == "on"
     assert [engine.get_run(h.run_id).status for h in handles] == [RunStatus.COMPLETED] * 3
+
+
+def test_transactional_steps_with_their_begin_and_commit_in_their_statements(
+    pgbouncer_program: str,
+) -> None:
+    """A turn of transactional steps, each step's BEGIN sent with its first statement and
+    its COMMIT with its record, through a single server connection: every step's write
+    commits, the server connection is idle in no transaction after it, and nothing of
+    the session is left."""
+    import psycopg
+
+    token = f"pgbouncer:{uuid.uuid4().hex}"
+    engine = Engine(store=OrmStore(), enqueue=False)
+
+    def body(ctx: Any, input: Any) -> list[int]:
+        return [
+            ctx.transaction(f"write {n}", lambda: Signal.objects.create(token=token).pk)
+            for n in range(3)
+        ]
+
+    engine.register("pgbouncer.transactions", "1", body)
+    with (
+        running_pgbouncer(pgbouncer_program, pool_size=1) as single,
+        through(single),
+        psycopg.connect(
+            host="127.0.0.1",
+            port=single.port,
+            dbname=connection.settings_dict["NAME"],
+            user=connection.settings_dict["USER"],
+            autocommit=True,
+            prepare_threshold=None,
+        ) as probe,
+    ):
+        before = session_state(probe)
+        handles = [engine.start("pgbouncer.transactions", {}) for _ in range(2)]
+        assert all(engine.execute(handle.run_id) for handle in handles)
+        assert session_state(probe) == before
+        states = probe.execute(
+            "SELECT state FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        ).fetchall()
+        assert ("idle in transaction",) not in states
+    assert Signal.objects.filter(token=token).count() == 6
+    assert [engine.get_run(h.run_id).status for h in handles] == [RunStatus.COMPLETED] * 2
 
 
 # a worker -----------------------------------------------------------------------------
