@@ -18,7 +18,7 @@ from django.db import DataError, OperationalError, connection, transaction
 
 from durable_django import Engine, RunStatus
 from durable_django.models import Signal
-from durable_django.stores.postgres.beginning import begin_command, begun_with_first_statement
+from durable_django.stores.postgres.beginning import BegunWithFirstStatement, begin_command
 
 from ..helpers import other_connection
 
@@ -143,10 +143,10 @@ def test_the_first_statement_reads_as_its_own():
     statement's, not BEGIN's."""
     token = f"begin:{uuid.uuid4().hex}"
     Signal.objects.create(token=token)
-    with transaction.atomic(), begun_with_first_statement(connection):
+    with transaction.atomic(), BegunWithFirstStatement(connection):
         assert Signal.objects.filter(token=token).update(payload={"a": 1}) == 1
         assert connection.connection.pgconn.transaction_status == 2  # INTRANS
-    with transaction.atomic(), begun_with_first_statement(connection):
+    with transaction.atomic(), BegunWithFirstStatement(connection):
         assert [s.payload for s in Signal.objects.filter(token=token)] == [{"a": 1}]
     assert_autocommit_again()
 
@@ -168,7 +168,7 @@ def test_a_first_statement_that_fails_fails_the_step_with_nothing_written(orm_en
 
 
 def test_a_failure_at_the_first_statement_is_raised_there():
-    with pytest.raises(DataError), transaction.atomic(), begun_with_first_statement(connection):
+    with pytest.raises(DataError), transaction.atomic(), BegunWithFirstStatement(connection):
         Signal.objects.create(token=TOO_LONG)
     assert_autocommit_again()
 
@@ -182,7 +182,7 @@ def test_a_statement_around_djangos_execute_is_still_in_the_transaction():
     class Undone(Exception):
         pass
 
-    with pytest.raises(Undone), transaction.atomic(), begun_with_first_statement(connection):
+    with pytest.raises(Undone), transaction.atomic(), BegunWithFirstStatement(connection):
         connection.connection.execute(
             "INSERT INTO durable_signal (token, payload, created_at, consumed_by) "
             "VALUES (%s, 'null', now(), '')",
@@ -198,7 +198,7 @@ def test_executemany_and_a_server_side_cursor_first_begin_as_ever():
     token = f"begin:{uuid.uuid4().hex}"
     with (
         transaction.atomic(),
-        begun_with_first_statement(connection),
+        BegunWithFirstStatement(connection),
         connection.cursor() as cursor,
     ):
         cursor.executemany(
@@ -207,7 +207,7 @@ def test_executemany_and_a_server_side_cursor_first_begin_as_ever():
             [[token + ":1"], [token + ":2"]],
         )
     assert written(token + ":1") == written(token + ":2") == 1
-    with transaction.atomic(), begun_with_first_statement(connection):
+    with transaction.atomic(), BegunWithFirstStatement(connection):
         assert len(list(Signal.objects.filter(token__startswith=token).iterator(1))) == 2
     assert_autocommit_again()
 
@@ -215,7 +215,7 @@ def test_executemany_and_a_server_side_cursor_first_begin_as_ever():
 def test_in_a_callers_transaction_it_leaves_the_statements_alone():
     with transaction.atomic():
         Signal.objects.exists()
-        with transaction.atomic(), begun_with_first_statement(connection), queries_sent() as sent:
+        with transaction.atomic(), BegunWithFirstStatement(connection), queries_sent() as sent:
             Signal.objects.exists()
     assert not [query for query in sent if query.startswith("BEGIN")]
 
@@ -228,7 +228,7 @@ def test_a_connection_dropped_before_the_first_statement_raises_and_is_replaced(
     with (
         pytest.raises(OperationalError),
         transaction.atomic(),
-        begun_with_first_statement(connection),
+        BegunWithFirstStatement(connection),
     ):
         with other_connection() as other:
             other.execute("SELECT pg_terminate_backend(%s)", [pid])

@@ -9,7 +9,6 @@ the recording instead of doing it again. A call that must wait raises
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import sys
 import threading
@@ -302,15 +301,14 @@ class Context:
         position, replayed, attempt = self._step_at(name, flush=False)
         if attempt == 0:
             return replayed
-        step = StepRecord(position, name)
         try:
             with observing.step(self.run, name, attempt, "transaction"):
-                result = self._in_transaction(step, attempt > 1, fn, args, kwargs)
+                record = self._in_transaction(position, name, attempt > 1, fn, args, kwargs)
         except BaseException as error:
             self._fail(position, name, error, attempt, retries, backoff, "transaction")
         self.ran += 1
-        self._recorded[position] = dataclasses.replace(step, result=result)
-        return result
+        self._recorded[position] = record
+        return record.result
 
     def _step_at(self, name: str, *, flush: bool = True) -> tuple[int, Any, int]:
         """A step's name checked, then its position, with its recorded result and ``0``,
@@ -325,24 +323,26 @@ class Context:
 
     def _in_transaction(
         self,
-        step: StepRecord,
+        position: int,
+        name: str,
         replace: bool,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-    ) -> Any:
-        """``fn``'s call and ``step``'s record (with its result), and the unwritten record
-        if any, in one transaction under the holder's check. Raises what ``fn`` raised,
-        or :class:`LeaseLost`, with everything rolled back."""
+    ) -> StepRecord:
+        """``fn``'s call and the record at ``position`` of its result, and the unwritten
+        record if any, in one transaction under the holder's check; the record. Raises
+        what ``fn`` raised, or :class:`LeaseLost`, with everything rolled back."""
         store = self.engine.store
         unwritten, self.unwritten = self.unwritten, None
-        what = f"the result of step {step.name!r}"
         try:
             # The connection is judged inside the transaction, before its end replaces a
             # dropped connection with a new one: a lost database hands the run back.
             with store.step_transaction(), _reaching(store):
-                result = json_copy(_outside_body(fn, *args, **kwargs), what)
-                record = dataclasses.replace(step, result=result)
+                result = json_copy(
+                    _outside_body(fn, *args, **kwargs), f"the result of step {name!r}"
+                )
+                record = StepRecord(position, name, result=result)
                 if unwritten is not None:
                     store.record_step(self.run_id, unwritten)
                 # Last: the run's row is locked (FOR SHARE) only until the commit, which
@@ -356,7 +356,7 @@ class Context:
             # Rolled back: the earlier step's record is still to be written.
             self.unwritten = unwritten
             raise
-        return result
+        return record
 
     def _stop_if_time_up(self, error: BaseException, where: str) -> None:
         """Raise :class:`TimeUp` when ``error`` is Celery's soft time limit fired after
@@ -437,9 +437,9 @@ class Context:
             self._flush()
             settling.check_replayed(self.run_id, position, recorded.result, key, units)
             return
-        step = StepRecord(position, settling.SETTLE_STEP)
-        result = self._in_transaction(step, False, self._settle_held, (key, tag, units), {})
-        self._recorded[position] = dataclasses.replace(step, result=result)
+        self._recorded[position] = self._in_transaction(
+            position, settling.SETTLE_STEP, False, self._settle_held, (key, tag, units), {}
+        )
 
     def _settle_held(self, key: str, tag: str, units: int) -> dict[str, Any]:
         """In the settle's transaction: the holder's check first, which locks the run's

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -27,7 +27,7 @@ from ...status import RunStatus
 from .. import override_rows, ticket_rows
 from ..base import StartRequest, batch_index, decide_read, existing_outcome, timed_refusal
 from ..postgres import arrays, first_start
-from ..postgres.beginning import begun_with_first_statement
+from ..postgres.beginning import BegunWithFirstStatement
 from ..postgres.bound import binds_client_side, fetch_one
 from ..postgres.committing import (
     NOT_HELD_SQLSTATE,
@@ -93,17 +93,14 @@ class PostgresPath(PortablePath):
     """The round trips of PostgreSQL's fast path; each composite falls back on the
     portable path (``BaseStore``'s) where no function covers the call."""
 
-    @contextlib.contextmanager
-    def step_transaction(self) -> Iterator[None]:
+    def step_transaction(self) -> contextlib.AbstractContextManager[Any]:
         """``atomic()`` on the store's database; on the fast path its ``BEGIN`` travels
-        with its first statement (:func:`~..postgres.beginning.begun_with_first_statement`),
+        with its first statement (:class:`~..postgres.beginning.BegunWithFirstStatement`),
         one round trip less per transactional step."""
-        with transaction.atomic(using=self.using):
-            if not self._fast():
-                yield
-                return
-            with begun_with_first_statement(connections[self.using]):
-                yield
+        atomic = transaction.atomic(using=self.using)
+        if not self._fast():
+            return atomic
+        return BegunWithFirstStatement(connections[self.using], atomic)
 
     def _advisory_locks(self, ordered: list[str]) -> None:
         """The transaction-scoped advisory locks of the keys ``ordered`` that

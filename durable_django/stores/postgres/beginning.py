@@ -5,7 +5,7 @@ connection is out of autocommit, and before the first statement it sends ``BEGIN
 own and waits for the answer, one round trip more per transaction. A transactional step
 (``ctx.transaction``) pays it on every step.
 
-:func:`begun_with_first_statement` saves it. Its execute wrapper, the innermost, waits for
+:class:`BegunWithFirstStatement` saves it. Its execute wrapper, the innermost, waits for
 the transaction's first statement that Django's cursors send (the execute wrappers and
 the database instrumentations see it, as every statement); when that statement can carry
 it, the wrapper sends ``BEGIN; <statement>`` as one query string, and psycopg, told for
@@ -31,8 +31,8 @@ always. Django's end of ``atomic()`` puts the connection back in autocommit, as 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -46,16 +46,37 @@ except ImportError:  # pragma: no cover - without psycopg 3
     ClientCursor = Connection = TransactionStatus = None  # type: ignore[assignment,misc]
 
 
-@contextlib.contextmanager
-def begun_with_first_statement(connection: BaseDatabaseWrapper) -> Iterator[None]:
-    """Within ``connection``'s outermost ``atomic()``, just entered: its ``BEGIN`` sent
-    with its first statement (see the module). Does nothing elsewhere: in a caller's
+class BegunWithFirstStatement:
+    """A context in ``connection``'s outermost ``atomic()`` whose ``BEGIN`` is sent with
+    its first statement (see the module). ``atomic``, when given, is entered first and
+    left last: the whole transaction. Does nothing more than ``atomic`` in a caller's
     transaction, or when the connection's cursors bind server-side."""
-    if not _rides(connection):
-        yield
-        return
-    with connection.execute_wrapper(_FirstStatement(connection.connection)):
-        yield
+
+    __slots__ = ("atomic", "connection", "wrapper")
+
+    def __init__(
+        self,
+        connection: BaseDatabaseWrapper,
+        atomic: AbstractContextManager[Any] | None = None,
+    ) -> None:
+        self.connection = connection
+        self.atomic = atomic
+        self.wrapper: _FirstStatement | None = None
+
+    def __enter__(self) -> None:
+        if self.atomic is not None:
+            self.atomic.__enter__()
+        if _rides(self.connection):
+            self.wrapper = _FirstStatement(self.connection.connection)
+            self.connection.execute_wrappers.append(self.wrapper)
+
+    def __exit__(self, *exc_info: Any) -> bool | None:
+        if self.wrapper is not None:
+            self.connection.execute_wrappers.remove(self.wrapper)
+            self.wrapper = None
+        if self.atomic is not None:
+            return self.atomic.__exit__(*exc_info)
+        return None
 
 
 def begin_command(raw: Any) -> str:
