@@ -105,3 +105,28 @@ def test_the_count_searches_the_index_on_tag_and_status_on_postgresql(db):
     # One index search per counted status, each on (tag, status): finished runs unread.
     assert len(conditions) == len(ACTIVE_STATUSES)
     assert all("tag" in line and "status" in line for line in conditions)
+
+
+def _run_indexes() -> set[str]:
+    """The names of ``durable_run``'s indexes in the database, its primary key's left out."""
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, Run._meta.db_table)
+    return {name for name, about in found.items() if about["index"] and not about["primary_key"]}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0004_drops_the_namespace_index_and_reverses():
+    from django.db.migrations.executor import MigrationExecutor
+
+    app = "durable_django"
+    model = {index.name for index in Run._meta.indexes}
+    assert "durable_run_namespace_idx" not in model
+    assert model <= _run_indexes()
+    assert "durable_run_namespace_idx" not in _run_indexes()
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes(app)
+    try:
+        MigrationExecutor(connection).migrate([(app, "0003_quota_overrides")])
+        assert "durable_run_namespace_idx" in _run_indexes()
+    finally:
+        MigrationExecutor(connection).migrate(latest)
+    assert "durable_run_namespace_idx" not in _run_indexes()
