@@ -212,6 +212,19 @@ def test_executemany_and_a_server_side_cursor_first_begin_as_ever():
     assert_autocommit_again()
 
 
+def test_a_composed_statement_first_begins_as_ever():
+    from psycopg import sql
+
+    token = f"begin:{uuid.uuid4().hex}"
+    statement = sql.SQL(
+        "INSERT INTO {} (token, payload, created_at, consumed_by) VALUES (%s, 'null', now(), '')"
+    ).format(sql.Identifier("durable_signal"))
+    with transaction.atomic(), BegunWithFirstStatement(connection), connection.cursor() as cursor:
+        cursor.execute(statement, [token])
+    assert written(token) == 1
+    assert_autocommit_again()
+
+
 def test_in_a_callers_transaction_it_leaves_the_statements_alone():
     with transaction.atomic():
         Signal.objects.exists()

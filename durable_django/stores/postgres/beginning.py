@@ -16,12 +16,13 @@ reads (its rows, ``rowcount``, ``description``) is the statement's.
 
 The statement carries it only when it can, otherwise psycopg begins as ever: it must be
 sent by a ``ClientCursor`` (its parameters quoted into the text: the simple query
-protocol, which allows several statements), alone (not ``executemany``), on this
-connection while no transaction is open. A statement that does not pass through Django's
-execute (a ``COPY``, the psycopg connection used directly) finds psycopg out of
-autocommit as ``atomic()`` left it, and psycopg sends the ``BEGIN`` first: no statement
-ever runs outside the transaction. The ``BEGIN`` is psycopg's own for the connection
-(isolation level, read only, deferrable: :func:`begin_command`).
+protocol, which allows several statements), alone (not ``executemany``), as text (not
+psycopg's ``sql.Composed``), on this connection while no transaction is open. A
+statement that does not pass through Django's execute (a ``COPY``, the psycopg
+connection used directly) finds psycopg out of autocommit as ``atomic()`` left it, and
+psycopg sends the ``BEGIN`` first: no statement ever runs outside the transaction. The
+``BEGIN`` is psycopg's own for the connection (isolation level, read only, deferrable:
+:func:`begin_command`).
 
 Once the server is in the transaction psycopg is left in autocommit until it ends, which
 changes nothing while it is open (every statement is in it, whatever the flag), and its
@@ -131,6 +132,7 @@ class _FirstStatement:
         cursor = getattr(context.get("cursor"), "cursor", None)
         if (
             many
+            or not isinstance(sql, str)  # psycopg.sql's composed statements, bytes
             or not isinstance(cursor, ClientCursor)
             or cursor.connection is not raw
             or raw.autocommit
