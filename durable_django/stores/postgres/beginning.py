@@ -9,9 +9,9 @@ own and waits for the answer, one round trip more per transaction. A transaction
 the transaction's first statement that Django's cursors send (the execute wrappers and
 the database instrumentations see it, as every statement); when that statement can carry
 it, the wrapper sends ``BEGIN; <statement>`` as one query string, and psycopg, told for
-that one call that the connection is in autocommit, sends no ``BEGIN`` of its own. The
-server runs both or neither, and an error of either is raised at that same call, as
-before. The cursor is then moved to the statement's own result, so that what Django
+that one call that the connection is in autocommit, sends no ``BEGIN`` of its own. A
+statement that fails leaves the transaction begun and failed, as after psycopg's own
+``BEGIN``, and its error is raised at that same call, as before. The cursor is then moved to the statement's own result, so that what Django
 reads (its rows, ``rowcount``, ``description``) is the statement's.
 
 The statement carries it only when it can, otherwise psycopg begins as ever: it must be
