@@ -127,6 +127,20 @@ SELECT pg_backend_pid(),
 """
 
 
+def probe_of(bouncer: PgBouncer) -> psycopg.Connection[Any]:
+    """A client of ``bouncer``'s that sees what its server connections keep."""
+    import psycopg
+
+    return psycopg.connect(
+        host="127.0.0.1",
+        port=bouncer.port,
+        dbname=connection.settings_dict["NAME"],
+        user=connection.settings_dict["USER"],
+        autocommit=True,
+        prepare_threshold=None,  # its own statements would stay on the server connection
+    )
+
+
 def session_state(client: psycopg.Connection[Any]) -> tuple[Any, ...]:
     return tuple(client.execute(SESSION_STATE).fetchone() or ())
 
@@ -134,20 +148,11 @@ def session_state(client: psycopg.Connection[Any]) -> tuple[Any, ...]:
 def test_starts_and_turns_leave_no_session_state(pgbouncer_program: str) -> None:
     """With a single server connection, another client of PgBouncer sees whatever a
     start or a turn left on it."""
-    import psycopg
-
     engine = Engine(store=OrmStore(), enqueue=False)
     with (
         running_pgbouncer(pgbouncer_program, pool_size=1) as single,
         through(single),
-        psycopg.connect(
-            host="127.0.0.1",
-            port=single.port,
-            dbname=connection.settings_dict["NAME"],
-            user=connection.settings_dict["USER"],
-            autocommit=True,
-            prepare_threshold=None,  # its own statements would stay on the server connection
-        ) as probe,
+        probe_of(single) as probe,
     ):
         before = session_state(probe)
         # The probe would see a session-level setting made by another client.
@@ -177,8 +182,6 @@ def test_transactional_steps_with_their_begin_and_commit_in_their_statements(
     its COMMIT with its record, through a single server connection: every step's write
     commits, the server connection is idle in no transaction after it, and nothing of
     the session is left."""
-    import psycopg
-
     token = f"pgbouncer:{uuid.uuid4().hex}"
     engine = Engine(store=OrmStore(), enqueue=False)
 
@@ -192,14 +195,7 @@ def test_transactional_steps_with_their_begin_and_commit_in_their_statements(
     with (
         running_pgbouncer(pgbouncer_program, pool_size=1) as single,
         through(single),
-        psycopg.connect(
-            host="127.0.0.1",
-            port=single.port,
-            dbname=connection.settings_dict["NAME"],
-            user=connection.settings_dict["USER"],
-            autocommit=True,
-            prepare_threshold=None,
-        ) as probe,
+        probe_of(single) as probe,
     ):
         before = session_state(probe)
         handles = [engine.start("pgbouncer.transactions", {}) for _ in range(2)]
