@@ -60,6 +60,7 @@ TASK_NAME = "durable_django.execute_run"
 # worker reads its callbacks, errbacks, chain and chord with ``embed.get``).
 _BODY_HEAD = "[["
 _BODY_TAIL = "],{},{}]"
+_BODY_HEAD_BYTES, _BODY_TAIL_BYTES = _BODY_HEAD.encode(), _BODY_TAIL.encode()
 
 #: The headers ``apply_async`` writes that a lean message leaves out. Each is optional in
 #: Celery's protocol 2, and a worker (Celery 5.4 and later) reads its absence as the value
@@ -212,6 +213,23 @@ def _lpush_command(key: str, values: list[bytes]) -> bytes:
 _BODY, _TASK_ID, _ARGSREPR = "\x00body", "\x00task", "\x00args"
 _SLOT = re.compile(r'"\\u0000(body|task|args)"')
 
+#: A run id that JSON and ``repr`` write as it is, between quotes.
+_PLAIN_ID = re.compile(r"[\w.:@+=/-]*", re.ASCII)
+
+
+def task_ids(count: int) -> list[str]:
+    """``count`` new task ids, random UUIDs (version 4) written as Celery's ``uuid()``
+    writes them, from one read of the system's randomness."""
+    raw = bytearray(os.urandom(16 * count))
+    raw[6::16] = bytes((byte & 0x0F) | 0x40 for byte in raw[6::16])  # the version, 4
+    raw[8::16] = bytes((byte & 0x3F) | 0x80 for byte in raw[8::16])  # the variant, RFC 4122
+    h = raw.hex()
+    return [
+        f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-{h[i + 12 : i + 16]}-{h[i + 16 : i + 20]}-"
+        f"{h[i + 20 : i + 32]}"
+        for i in range(0, 32 * count, 32)
+    ]
+
 
 class Envelope:
     """The JSON that kombu's Redis transport stores for a message of one route, workflow
@@ -224,7 +242,7 @@ class Envelope:
     kombu's own tag is). ``reply_to`` (empty) and ``delivery_mode`` (which no Redis
     channel reads) are left out, as are the :data:`LEFT_OUT_HEADERS`."""
 
-    __slots__ = ("literals", "slots")
+    __slots__ = ("template",)
 
     def __init__(self, route: Route, headers: dict[str, Any], priority: int) -> None:
         headers = {**headers, "id": _TASK_ID, "root_id": _TASK_ID, "argsrepr": _ARGSREPR}
@@ -245,21 +263,26 @@ class Envelope:
             separators=(",", ":"),
         )
         pieces = _SLOT.split(text)
-        self.literals = [piece.encode() for piece in pieces[0::2]]
-        self.slots = pieces[1::2]
+        literals = [piece.encode().replace(b"%", b"%%") for piece in pieces[0::2]]
+        parts = [literals[0]]
+        for slot, literal in zip(pieces[1::2], literals[1:], strict=True):
+            parts += (b"%(" + slot.encode() + b")s", literal)
+        self.template = b"".join(parts)
 
-    def render(self, run_id: str) -> bytes:
-        """The envelope of ``run_id``'s message, with a new task id."""
-        body = (_BODY_HEAD + json.dumps(run_id) + _BODY_TAIL).encode()
-        values = {
-            "body": b'"' + base64.b64encode(body) + b'"',
-            "task": b'"%s"' % str(uuid.uuid4()).encode(),
-            "args": json.dumps(f"({run_id!r},)").encode(),
+    def render(self, run_id: str, task_id: str) -> bytes:
+        """The envelope of ``run_id``'s message, with the task id ``task_id``."""
+        if _PLAIN_ID.fullmatch(run_id):
+            quoted = b'"%s"' % run_id.encode()
+            argsrepr = b"\"('%s',)\"" % run_id.encode()
+        else:
+            quoted = json.dumps(run_id).encode()
+            argsrepr = json.dumps(f"({run_id!r},)").encode()
+        body = b"%s%s%s" % (_BODY_HEAD_BYTES, quoted, _BODY_TAIL_BYTES)
+        return self.template % {
+            b"body": b'"' + base64.b64encode(body) + b'"',
+            b"task": b'"%s"' % task_id.encode(),
+            b"args": argsrepr,
         }
-        parts = [self.literals[0]]
-        for slot, literal in zip(self.slots, self.literals[1:], strict=True):
-            parts += (values[slot], literal)
-        return b"".join(parts)
 
 
 def _writable_redis(channel: Any) -> bool:
@@ -472,31 +495,51 @@ class Publisher:
 
     def _push(self, pooled: _Pooled, runs: Sequence[RunMessage]) -> None:
         """On Redis: each queue's messages written with one ``LPUSH`` of their envelopes,
-        the JSON that kombu's Redis transport stores for a message (body in base64, a
-        delivery tag of its own), in the order given, on a connection of the channel's
-        pool: every queue's command in one round trip. Queues with an expiry, and routes
-        through a named exchange, go through kombu."""
-        channel = pooled.redis
+        the JSON that kombu's Redis transport stores for a message (body in base64, the
+        task id as its delivery tag), in the order given, on a connection of the
+        channel's pool: every queue's command in one round trip. The route, priority and
+        envelope are looked up once for the runs of one queue, workflow and priority.
+        Queues with an expiry, and routes through a named exchange, go through kombu."""
         by_key: dict[str, list[bytes]] = {}
-        for message in runs:
-            route = self.route(message.queue)
-            self._declare(pooled, route, message.queue)
-            if route.exchange or route.routing_key in channel._expires:
+        # per (queue, workflow, priority, task priority): its list and envelope, or None
+        kinds: dict[tuple[str, str, int | None, int | None], tuple[list[bytes], Envelope] | None]
+        kinds = {}
+        ids = task_ids(len(runs))
+        for message, task_id in zip(runs, ids, strict=True):
+            kind = (message.queue, message.workflow, message.priority, message.task_priority)
+            if kind in kinds:
+                found = kinds[kind]
+            else:
+                found = kinds[kind] = self._kind(pooled, message, by_key)
+            if found is None:
                 self._send_one(pooled, message)
-                continue
-            priority = self.priority(message, route)
-            key = channel._q_for_pri(route.routing_key, priority)  # kombu's, per priority
-            by_key.setdefault(key, []).append(self._envelope(message, route, priority))
+            else:
+                found[0].append(found[1].render(message.run_id, task_id))
         if by_key:
             pooled.push(by_key)
 
-    def _envelope(self, message: RunMessage, route: Route, priority: int) -> bytes:
+    def _kind(
+        self, pooled: _Pooled, message: RunMessage, by_key: dict[str, list[bytes]]
+    ) -> tuple[list[bytes], Envelope] | None:
+        """Where the messages like ``message`` go on Redis (its queue, workflow and
+        priority): the list of ``by_key`` they join and their envelope; ``None`` when they
+        go through kombu."""
+        channel = pooled.redis
+        route = self.route(message.queue)
+        self._declare(pooled, route, message.queue)
+        if route.exchange or route.routing_key in channel._expires:
+            return None
+        priority = self.priority(message, route)
+        key = channel._q_for_pri(route.routing_key, priority)  # kombu's, per priority
+        return by_key.setdefault(key, []), self._envelope(message, route, priority)
+
+    def _envelope(self, message: RunMessage, route: Route, priority: int) -> Envelope:
         kept = (route.routing_key, message.workflow, priority)
         template = self.envelopes.get(kept)
         if template is None:
             headers = self._headers(RunMessage("", workflow=message.workflow), "")
             template = self.envelopes[kept] = Envelope(route, headers, priority)
-        return template.render(message.run_id)
+        return template
 
     def _declare(self, pooled: _Pooled, route: Route, queue: str) -> None:
         if route.declare and queue not in pooled.declared:

@@ -203,6 +203,33 @@ def test_several_runs_are_sent_in_order_each_in_a_message_of_its_own(
     assert len({message.headers["id"] for message in messages}) == 4
 
 
+def test_a_run_id_of_any_text_is_written_as_json_and_repr_write_it(
+    idle_queue: str, broker: Broker
+) -> None:
+    run_ids = ["turn:42", 'o\'neil "quoted" \\ é ☃\n', str(uuid.uuid4()), "a%sb%(x)s"]
+
+    publish_runs([RunMessage(run_id, idle_queue, "wf") for run_id in run_ids])
+
+    messages = broker.messages(idle_queue)
+    assert [message.run_ids() for message in messages] == [[run_id] for run_id in run_ids]
+    assert [message.headers["argsrepr"] for message in messages] == [
+        repr((run_id,)) for run_id in run_ids
+    ]
+    task_ids = [message.headers["id"] for message in messages]
+    assert len(set(task_ids)) == len(run_ids)
+    assert all(uuid.UUID(task_id).version == 4 for task_id in task_ids)
+    assert all(str(uuid.UUID(task_id)) == task_id for task_id in task_ids)
+
+
+def test_a_run_with_an_id_of_any_text_is_executed_by_a_real_worker(worker: Worker) -> None:
+    with override_settings(DURABLE={"ENQUEUE": False, "QUEUE": worker.queue}):
+        handle = total.dispatch({"a": 1, "b": 2}, run_id=f'o\'neil "{uuid.uuid4()}" ☃')
+
+    publish_runs([RunMessage(handle.run_id, worker.queue, "tests.worker.total")])
+
+    assert worker.result(handle) == {"total": 3}
+
+
 def test_a_run_without_a_queue_takes_the_task_routes(idle_queue: str, broker: Broker) -> None:
     previous = app.conf.task_routes
     app.conf.task_routes = {TASK_NAME: {"queue": idle_queue}}
