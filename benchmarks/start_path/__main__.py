@@ -450,17 +450,21 @@ def measure_batches(
     """Batches of ``--batch-size`` starts under one quota key: ``dispatch_many`` (one call
     of ``durable_start_runs_v2``, the messages sent together on commit) against
     Procrastinate's ``batch_defer`` (one INSERT of the jobs, in a database of its own),
-    and against as many single starts. Measured in rounds like the starts; the ratio is the
-    median of the per-round ratios of runs per second. Beside each, the bytes of the
-    messages a batch leaves on the Redis queue, per run."""
+    against as many single starts, and beside the publish of as many messages alone.
+    Measured in rounds like the starts; the ratio is the median of the per-round ratios of
+    runs per second. Beside each, the bytes of the messages a batch leaves on the Redis
+    queue, per run."""
     if bench is None:
         print("batches skipped: no Procrastinate app (the bench extra, --procrastinate-database)")
         return
     from celery import current_app
 
+    from durable_django._runtime.publishing import RunMessage, publish_runs
+
     app = current_app._get_current_object()
     size = args.batch_size
     inputs = [{**INPUT_SMALL, "n": n} for n in range(size)]
+    messages = [RunMessage(uuid.uuid4().hex, QUEUE, "bench.quota") for _ in range(size)]
 
     def loop() -> None:
         for input in inputs:
@@ -480,6 +484,7 @@ def measure_batches(
             lambda: fast_no_publish.start_many("bench.quota", inputs),
         ),
         "loop": Variant(f"   {size} x start, quota", loop),
+        "pub": Variant(f"   {size} messages' publish alone", lambda: publish_runs(messages)),
         "proc": Variant("Procrastinate batch_defer", lambda: bench.task.batch_defer(*inputs)),
     }
     for variant in variants.values():
