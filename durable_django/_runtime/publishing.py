@@ -29,7 +29,6 @@ any task.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -60,7 +59,6 @@ TASK_NAME = "durable_django.execute_run"
 # worker reads its callbacks, errbacks, chain and chord with ``embed.get``).
 _BODY_HEAD = "[["
 _BODY_TAIL = "],{},{}]"
-_BODY_HEAD_BYTES, _BODY_TAIL_BYTES = _BODY_HEAD.encode(), _BODY_TAIL.encode()
 
 #: The headers ``apply_async`` writes that a lean message leaves out. Each is optional in
 #: Celery's protocol 2, and a worker (Celery 5.4 and later) reads its absence as the value
@@ -236,9 +234,11 @@ class Envelope:
     and priority, as small as Celery's protocol 2 and kombu's transport allow: rendered
     once with placeholders, then for each message only its run id and task id are put in.
 
-    Of the properties, it keeps the ones a worker and kombu read: the correlation id, the
-    route (``delivery_info``, for a message restored to its queue), the priority, the
-    body's encoding and the delivery tag, which is the task id (unique to the message, as
+    The body is its JSON text as it is, not in base64: without a ``body_encoding``
+    property kombu hands it over unchanged, as with its ``body_encoding`` transport option
+    set to ``utf-8``. Of the properties, it keeps the ones a worker and kombu read: the
+    correlation id, the route (``delivery_info``, for a message restored to its queue),
+    the priority and the delivery tag, which is the task id (unique to the message, as
     kombu's own tag is). ``reply_to`` (empty) and ``delivery_mode`` (which no Redis
     channel reads) are left out, as are the :data:`LEFT_OUT_HEADERS`."""
 
@@ -256,7 +256,6 @@ class Envelope:
                     "correlation_id": _TASK_ID,
                     "delivery_info": {"exchange": "", "routing_key": route.routing_key},
                     "priority": priority,
-                    "body_encoding": "base64",
                     "delivery_tag": _TASK_ID,
                 },
             },
@@ -271,15 +270,15 @@ class Envelope:
 
     def render(self, run_id: str, task_id: str) -> bytes:
         """The envelope of ``run_id``'s message, with the task id ``task_id``."""
-        if _PLAIN_ID.fullmatch(run_id):
-            quoted = b'"%s"' % run_id.encode()
-            argsrepr = b"\"('%s',)\"" % run_id.encode()
+        if _PLAIN_ID.fullmatch(run_id):  # JSON and repr write it as it is
+            plain = run_id.encode()
+            body = b'"[[\\"%s\\"],{},{}]"' % plain
+            argsrepr = b"\"('%s',)\"" % plain
         else:
-            quoted = json.dumps(run_id).encode()
+            body = json.dumps(_BODY_HEAD + json.dumps(run_id) + _BODY_TAIL).encode()
             argsrepr = json.dumps(f"({run_id!r},)").encode()
-        body = b"%s%s%s" % (_BODY_HEAD_BYTES, quoted, _BODY_TAIL_BYTES)
         return self.template % {
-            b"body": b'"' + base64.b64encode(body) + b'"',
+            b"body": body,
             b"task": b'"%s"' % task_id.encode(),
             b"args": argsrepr,
         }
@@ -495,7 +494,7 @@ class Publisher:
 
     def _push(self, pooled: _Pooled, runs: Sequence[RunMessage]) -> None:
         """On Redis: each queue's messages written with one ``LPUSH`` of their envelopes,
-        the JSON that kombu's Redis transport stores for a message (body in base64, the
+        the JSON that kombu's Redis transport stores for a message (the body as it is, the
         task id as its delivery tag), in the order given, on a connection of the
         channel's pool: every queue's command in one round trip. The route, priority and
         envelope are looked up once for the runs of one queue, workflow and priority.

@@ -172,10 +172,10 @@ def test_on_redis_the_message_is_smaller(idle_queue: str, broker: Broker) -> Non
         "correlation_id",
         "delivery_info",
         "priority",
-        "body_encoding",
         "delivery_tag",
     }
     assert envelope["properties"]["delivery_tag"] == envelope["headers"]["id"]
+    assert json.loads(envelope["body"]) == [[run_id], {}, {}]  # its JSON text, no base64
 
 
 def test_runs_published_together_are_executed_by_a_real_worker(
