@@ -325,6 +325,27 @@ def count_round_trips(start: Callable[[], object]) -> tuple[int, int]:
     return pg, sends
 
 
+def message_bytes(app, start: Callable[[], object]) -> int:
+    """The bytes of the Celery messages one call of ``start`` leaves on the Redis queue
+    (every priority's list), as the broker stores them."""
+    import redis
+
+    from durable_django._runtime import sending
+
+    sending.flush()
+    purge_queue(app)
+    start()
+    sending.flush()
+    client = redis.Redis.from_url(app.conf.broker_url)
+    try:
+        keys = client.keys(f"{QUEUE}*")
+        total = sum(len(raw) for key in keys for raw in client.lrange(key, 0, -1))
+    finally:
+        client.close()
+    purge_queue(app)
+    return total
+
+
 def explain_count(history: int, start: Callable[[], object]) -> str:
     """The plans ``durable_start_run_v2`` uses for the count during one start on the history
     key, captured with ``auto_explain``; a plain EXPLAIN of the same statement without it."""
@@ -429,13 +450,21 @@ def measure_batches(
     """Batches of ``--batch-size`` starts under one quota key: ``dispatch_many`` (one call
     of ``durable_start_runs_v2``, the messages sent together on commit) against
     Procrastinate's ``batch_defer`` (one INSERT of the jobs, in a database of its own),
-    and against as many single starts. Measured in rounds like the starts; the ratio is the
-    median of the per-round ratios of runs per second."""
+    against as many single starts, and beside the publish of as many messages alone.
+    Measured in rounds like the starts; the ratio is the median of the per-round ratios of
+    runs per second. Beside each, the bytes of the messages a batch leaves on the Redis
+    queue, per run."""
     if bench is None:
         print("batches skipped: no Procrastinate app (the bench extra, --procrastinate-database)")
         return
+    from celery import current_app
+
+    from durable_django._runtime.publishing import RunMessage, publish_runs
+
+    app = current_app._get_current_object()
     size = args.batch_size
     inputs = [{**INPUT_SMALL, "n": n} for n in range(size)]
+    messages = [RunMessage(uuid.uuid4().hex, QUEUE, "bench.quota") for _ in range(size)]
 
     def loop() -> None:
         for input in inputs:
@@ -455,6 +484,7 @@ def measure_batches(
             lambda: fast_no_publish.start_many("bench.quota", inputs),
         ),
         "loop": Variant(f"   {size} x start, quota", loop),
+        "pub": Variant(f"   {size} messages' publish alone", lambda: publish_runs(messages)),
         "proc": Variant("Procrastinate batch_defer", lambda: bench.task.batch_defer(*inputs)),
     }
     for variant in variants.values():
@@ -462,6 +492,7 @@ def measure_batches(
             variant.start()
     complete_quota_runs()
     trips = {n: count_round_trips(v.start) for n, v in variants.items() if n != "proc"}
+    sizes = {n: message_bytes(app, v.start) / size for n, v in variants.items() if n != "proc"}
     complete_quota_runs()
     names = list(variants)
     per_round = 3
@@ -497,16 +528,18 @@ def measure_batches(
     print()
     header = (
         f"| {'variant':<30} | {'runs/s':>7} | {'ms/batch':>8} | {'median ms':>9} "
-        f"| {'PG trips':>8} | {'Redis trips':>11} |"
+        f"| {'PG trips':>8} | {'Redis trips':>11} | {'msg bytes/run':>13} |"
     )
     print(header)
     print("| " + " | ".join("-" * (len(c) - 2) for c in header.split("|")[1:-1]) + " |")
     for name, variant in variants.items():
         mean = statistics.fmean(variant.samples)
         pg, rd = trips.get(name, ("n/a", "n/a"))
+        sent = f"{sizes[name]:.0f}" if name in sizes else "n/a"
         print(
             f"| {variant.label:<30} | {size * 1e6 / mean:>7.0f} | {mean / 1000:>8.2f} "
-            f"| {statistics.median(variant.samples) / 1000:>9.2f} | {pg:>8} | {rd:>11} |"
+            f"| {statistics.median(variant.samples) / 1000:>9.2f} | {pg:>8} | {rd:>11} "
+            f"| {sent:>13} |"
         )
     print()
     for top, bottom, goal in (

@@ -1,6 +1,7 @@
-"""The lean publish (``durable_django._runtime.publishing``) on real brokers: its message is the
-one Celery's ``apply_async`` sends and a real worker executes it, several runs go in one
-publish, and its pooled producers survive a broker restart.
+"""The lean publish (``durable_django._runtime.publishing``) on real brokers: a worker reads its
+message as the one Celery's ``apply_async`` sends (and on Redis it is smaller), a real worker
+executes it, several runs go in one publish, and its pooled producers survive a broker
+restart.
 
 Every test runs on Redis, and on PostgreSQL on RabbitMQ as well (the ``broker`` fixture,
 ``tests/brokers.py``); the restart runs on a redis-server of its own.
@@ -9,23 +10,34 @@ Every test runs on Redis, and on PostgreSQL on RabbitMQ as well (the ``broker`` 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 from celery import Celery
+from celery.app.task import Context, get_actual_ignore_result
+from celery.worker.request import Request
 from django.test import override_settings
 from kombu import Exchange, Queue
 from kombu.exceptions import OperationalError
 
 from durable_django import RunStatus
 from durable_django import engine as default_engine
-from durable_django._runtime.publishing import TASK_NAME, Publisher, publish_runs, publisher
+from durable_django._runtime.publishing import (
+    LEFT_OUT_HEADERS,
+    TASK_NAME,
+    Publisher,
+    RunMessage,
+    publish_runs,
+    publisher,
+)
 from durable_django.tasks import execute_run
 
 from ..brokers import Broker
@@ -59,27 +71,111 @@ def idle_queue(broker: Broker) -> Iterator[str]:
         broker.delete_queue(queue)
 
 
-def test_the_message_is_the_one_apply_async_sends(idle_queue: str, broker: Broker) -> None:
-    execute_run.apply_async(("run-a",), queue=idle_queue, serializer="json")
-    publish_runs([("run-b", idle_queue)])
+def worker_view(queue: str) -> list[dict[str, Any]]:
+    """The messages waiting on ``queue``, taken as a worker takes them, and what a worker
+    makes of each: the fields of Celery's ``Request`` and of the task's ``request``
+    context that do not differ from message to message, and the ones that do."""
+    seen = []
+    with app.connection_for_read() as connection:
+        bound = Queue(queue).bind(connection.default_channel)  # only read, never declared
+        while (message := bound.get(no_ack=True)) is not None:
+            args, _, embed = message.decode()
+            request = Request(message, app=app, task=execute_run, hostname="reader")
+            context = Context({**request.request_dict, **(embed or {})})
+            delivery = request.delivery_info
+            seen.append(
+                {
+                    "type": request.type,
+                    "kwargs": request.kwargs,
+                    "kwargsrepr": request.kwargsrepr,
+                    "parent_id": request.parent_id,
+                    "group": request.group,
+                    "group_index": request.group_index,
+                    "eta": request.eta,
+                    "expires": request.expires,
+                    "time_limits": tuple(request.time_limits),
+                    "ignore_result": request.ignore_result,
+                    "retries": request.request_dict.get("retries", 0),  # as task-received
+                    "stamped_headers": request.stamped_headers,
+                    "stamps": request.stamps,
+                    "replaced_task_nesting": request.replaced_task_nesting,
+                    "chord": request.chord,
+                    "errbacks": request.errbacks,
+                    "priority": delivery["priority"] or 0,  # RabbitMQ: none is 0
+                    "routing_key": delivery["routing_key"],
+                    "content": (message.content_type, message.content_encoding),
+                    "task retries": context.retries,
+                    "task time limits": (context.time_limit, context.soft_time_limit),
+                    "task timelimit": tuple(context.timelimit or (None, None)),
+                    "task ignores its result": get_actual_ignore_result(execute_run, context),
+                    "task callbacks": (context.callbacks, context.chain, context.chord),
+                    # what differs from message to message
+                    "per message": {
+                        "name": request.name,
+                        "args": args,
+                        "argsrepr": request.argsrepr,
+                        "root is itself": request.root_id == request.id,
+                        "correlation is itself": request.correlation_id == request.id,
+                    },
+                }
+            )
+    return seen
+
+
+def test_a_worker_reads_the_message_as_the_one_apply_async_sends(
+    idle_queue: str, broker: Broker
+) -> None:
+    execute_run.apply_async(("run-a",), queue=idle_queue, serializer="json", shadow="wf")
+    publish_runs([RunMessage("run-b", idle_queue, "wf")])
 
     celery, lean = broker.messages(idle_queue)
-    assert (lean.content_type, lean.content_encoding) == ("application/json", "utf-8")
-    assert (lean.content_type, lean.content_encoding) == (
-        celery.content_type,
-        celery.content_encoding,
-    )
-    assert lean.routing_key == celery.routing_key == idle_queue
-    assert lean.body == [["run-b"], {}, celery.body[2]]
-    assert celery.body[0] == ["run-a"]
-    per_message = {"id", "root_id", "argsrepr"}
-    assert set(lean.headers) == set(celery.headers)
-    assert {k: v for k, v in lean.headers.items() if k not in per_message} == {
-        k: v for k, v in celery.headers.items() if k not in per_message
+    # what is left out: the headers whose absence a worker reads as their value here
+    assert set(celery.headers) - set(lean.headers) == LEFT_OUT_HEADERS
+    assert set(lean.headers) <= set(celery.headers)
+    kept = set(lean.headers) - {"id", "root_id", "argsrepr"}
+    assert {k: lean.headers[k] for k in kept} == {k: celery.headers[k] for k in kept}
+    assert lean.body == [["run-b"], {}, {}]
+
+    from_celery, from_lean = worker_view(idle_queue)
+    assert from_celery.pop("per message") == {
+        "name": "wf",
+        "args": ["run-a"],
+        "argsrepr": "('run-a',)",
+        "root is itself": True,
+        "correlation is itself": True,
     }
-    assert lean.headers["task"] == TASK_NAME
-    assert lean.headers["argsrepr"] == "('run-b',)"
-    assert lean.headers["root_id"] == lean.headers["id"] != celery.headers["id"]
+    assert from_lean.pop("per message") == {
+        "name": "wf",
+        "args": ["run-b"],
+        "argsrepr": "('run-b',)",
+        "root is itself": True,
+        "correlation is itself": True,
+    }
+    assert from_lean == from_celery
+    assert from_lean["routing_key"] == idle_queue
+
+
+def test_on_redis_the_message_is_smaller(idle_queue: str, broker: Broker) -> None:
+    if broker.name != "redis":
+        pytest.skip("the envelope kombu's Redis transport stores")
+    run_id = str(uuid.uuid4())
+    execute_run.apply_async((run_id,), queue=idle_queue, serializer="json", shadow="shop.checkout")
+    publish_runs([RunMessage(run_id, idle_queue, "shop.checkout")])
+
+    client = redis.Redis.from_url(broker.url)
+    lean, celery = client.lrange(idle_queue, 0, -1)  # the newest first
+    client.close()
+    # about 660 bytes against 1,010 (Celery's grows with the host's name, in origin)
+    assert len(lean) < 0.7 * len(celery)
+    envelope = json.loads(lean)
+    assert set(envelope["properties"]) == {
+        "correlation_id",
+        "delivery_info",
+        "priority",
+        "delivery_tag",
+    }
+    assert envelope["properties"]["delivery_tag"] == envelope["headers"]["id"]
+    assert json.loads(envelope["body"]) == [[run_id], {}, {}]  # its JSON text, no base64
 
 
 def test_runs_published_together_are_executed_by_a_real_worker(
@@ -106,6 +202,33 @@ def test_several_runs_are_sent_in_order_each_in_a_message_of_its_own(
     messages = broker.messages(idle_queue)
     assert [message.run_ids() for message in messages] == [[run_id] for run_id in run_ids]
     assert len({message.headers["id"] for message in messages}) == 4
+
+
+def test_a_run_id_of_any_text_is_written_as_json_and_repr_write_it(
+    idle_queue: str, broker: Broker
+) -> None:
+    run_ids = ["turn:42", 'o\'neil "quoted" \\ é ☃\n', str(uuid.uuid4()), "a%sb%(x)s"]
+
+    publish_runs([RunMessage(run_id, idle_queue, "wf") for run_id in run_ids])
+
+    messages = broker.messages(idle_queue)
+    assert [message.run_ids() for message in messages] == [[run_id] for run_id in run_ids]
+    assert [message.headers["argsrepr"] for message in messages] == [
+        repr((run_id,)) for run_id in run_ids
+    ]
+    task_ids = [message.headers["id"] for message in messages]
+    assert len(set(task_ids)) == len(run_ids)
+    assert all(uuid.UUID(task_id).version == 4 for task_id in task_ids)
+    assert all(str(uuid.UUID(task_id)) == task_id for task_id in task_ids)
+
+
+def test_a_run_with_an_id_of_any_text_is_executed_by_a_real_worker(worker: Worker) -> None:
+    with override_settings(DURABLE={"ENQUEUE": False, "QUEUE": worker.queue}):
+        handle = total.dispatch({"a": 1, "b": 2}, run_id=f'o\'neil "{uuid.uuid4()}" ☃')
+
+    publish_runs([RunMessage(handle.run_id, worker.queue, "tests.worker.total")])
+
+    assert worker.result(handle) == {"total": 3}
 
 
 def test_a_run_without_a_queue_takes_the_task_routes(idle_queue: str, broker: Broker) -> None:
