@@ -11,8 +11,9 @@ the database instrumentations see it, as every statement); when that statement c
 it, the wrapper sends ``BEGIN; <statement>`` as one query string, and psycopg, told for
 that one call that the connection is in autocommit, sends no ``BEGIN`` of its own. A
 statement that fails leaves the transaction begun and failed, as after psycopg's own
-``BEGIN``, and its error is raised at that same call, as before. The cursor is then moved to the statement's own result, so that what Django
-reads (its rows, ``rowcount``, ``description``) is the statement's.
+``BEGIN``, and its error is raised at that same call, as before. The cursor is then
+moved to the statement's own result, so that what Django reads (its rows, ``rowcount``,
+``description``) is the statement's.
 
 The statement carries it only when it can, otherwise psycopg begins as ever: it must be
 sent by a ``ClientCursor`` (its parameters quoted into the text: the simple query
