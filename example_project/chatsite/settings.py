@@ -138,6 +138,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     }
     for _folder in _broker_folders.values():
         _folder.mkdir(parents=True, exist_ok=True)
+    # kombu's filesystem transport, each message file written whole before it is seen.
+    CELERY_BROKER_TRANSPORT = "chatsite.broker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         **{name: str(folder) for name, folder in _broker_folders.items()},
         "store_processed": False,

@@ -7,10 +7,16 @@ so the test leaves ``example_project/var/`` alone.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from queue import Empty
+from typing import Any
 
 import pytest
 
@@ -137,3 +143,55 @@ def test_the_testcase_example_of_the_docs_is_the_one_the_project_runs() -> None:
     shown = shown[: shown.index("\n```\n") + 1]
     module = (EXAMPLE_PROJECT / "tenants" / "test_turns.py").read_text()
     assert module.endswith("\n\n" + shown)
+
+
+# the filesystem broker ------------------------------------------------------------------
+
+
+class SlowToWrite:
+    """A value whose JSON takes a while to write: a message being written stays so."""
+
+
+def _slow_json(value: SlowToWrite) -> str:
+    time.sleep(0.3)
+    return "written"
+
+
+@pytest.mark.parametrize("transport", ["filesystem", "example"])
+def test_a_message_file_is_never_seen_before_it_is_written(transport: str, tmp_path: Path) -> None:
+    """A worker polling the queue folder while a message is being written: kombu's own
+    filesystem channel lets it take the empty file, whose decoding fails (the worker
+    stops); the example project's (``chatsite/broker.py``) shows the file once whole."""
+    from kombu import Connection
+    from kombu.utils.json import register_type
+
+    spec = importlib.util.spec_from_file_location(
+        "example_broker", EXAMPLE_PROJECT / "chatsite" / "broker.py"
+    )
+    assert spec is not None and spec.loader is not None
+    broker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(broker)
+    register_type(SlowToWrite, "slow", _slow_json, lambda value: value)
+
+    folder = str(tmp_path)
+    options = {"data_folder_in": folder, "data_folder_out": folder, "store_processed": False}
+    kind = broker.Transport if transport == "example" else "filesystem"
+    with (
+        Connection("filesystem://localhost/", transport=kind, transport_options=options) as put,
+        Connection("filesystem://localhost/", transport=kind, transport_options=options) as get,
+    ):
+        writer = threading.Thread(target=put.default_channel._put, args=("q", {"v": SlowToWrite()}))
+        writer.start()
+        seen: list[Any] = []
+        while writer.is_alive() or not seen:
+            try:
+                seen.append(get.default_channel._get("q"))
+            except Empty:
+                time.sleep(0.001)
+            except json.JSONDecodeError as error:
+                seen.append(error)
+        writer.join()
+    if transport == "filesystem":
+        assert isinstance(seen[0], json.JSONDecodeError)  # what the example's channel mends
+    else:
+        assert seen == [{"v": "written"}]
