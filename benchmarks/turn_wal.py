@@ -26,7 +26,8 @@ the server time of each function called (``pg_stat_user_functions``: total time 
 calls). Beside each figure of the turn stands the figure measured on the code before
 the schema and function changes of this release (``BEFORE``), by this same script run
 in a checkout of that code. With ``--waldump`` it also prints the turn's WAL by record
-type (``pg_waldump --stats=record``), per turn.
+type (``pg_waldump --stats=record``), per turn. ``--alter SQL`` runs statements after the
+migrations (a schema change tried before it is written as one), for comparison only.
 """
 
 from __future__ import annotations
@@ -99,6 +100,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--turns", type=int, default=500, help="turns (and floor turns) measured")
     parser.add_argument(
         "--waldump", action="store_true", help="also print the turn's WAL by record type"
+    )
+    parser.add_argument(
+        "--alter",
+        default="",
+        metavar="SQL",
+        help="statements run after the migrations, before any turn: a schema change "
+        "measured alone, for comparison only (docs/benchmarks.md, what a turn writes)",
     )
     return parser.parse_args()
 
@@ -302,6 +310,8 @@ def main() -> None:
         from durable_django import Engine
 
         create_tables()
+        if args.alter:
+            sql(args.alter)
         engine = Engine(enqueue=False)
         # warm up: the connection's caches, the functions compiled, the tables' first pages
         for index in range(20):

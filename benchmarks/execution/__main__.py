@@ -242,6 +242,13 @@ def parse_args() -> argparse.Namespace:
         help="only the in-process rows (and the round trips): no worker, broker nor Procrastinate",
     )
     parser.add_argument(
+        "--alter",
+        default="",
+        metavar="SQL",
+        help="statements run after the migrations, before any run: a schema change "
+        "measured alone, for comparison only",
+    )
+    parser.add_argument(
         "--profile",
         type=int,
         default=0,
@@ -754,6 +761,8 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     create_tables()
+    if args.alter:
+        sql(args.alter)
 
     # One turn's round trips, and the in-process rows, in this process (no worker yet).
     local = Engine(enqueue=False)
