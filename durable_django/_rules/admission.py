@@ -108,10 +108,18 @@ def rate_retry_after(
     first moment enough of the ``window``'s units (its key's runs created after
     :func:`window_start`, as ``(created_at, weight)``, oldest first) have left it for
     the rest and the start's weight to be within the limit. A run created at ``c``
-    leaves the window at ``c + per`` exactly. ``per`` when no start can ever fit."""
+    leaves the window at ``c + per`` exactly. ``per`` when no start can ever fit.
+
+    The present is taken as no earlier than the newest run in the window, and the runs
+    that have left the window by then are left out: a start reads its clock before it
+    waits for its keys' locks, and a run committed while it waited may carry a later
+    time. So the answer is never more than ``per``, and is 0 when the start would fit
+    at that present."""
     assert quota.per is not None
     if quota.weight > quota.limit:
         return quota.per
+    now = max([now, *(created_at for created_at, _ in window)])
+    window = [row for row in window if row[0] > window_start(quota, now)]
     excess = sum(weight for _, weight in window) + quota.weight - quota.limit
     if excess <= 0:
         return 0.0

@@ -21,6 +21,7 @@ from durable_django import (
     RateLimitError,
     RunStatus,
 )
+from durable_django._rules.admission import rate_retry_after
 from durable_django._rules.concurrency import Quota
 from durable_django.http import too_many_requests
 from durable_django.testing import run_until_idle
@@ -141,6 +142,24 @@ def test_a_limit_no_start_fits_says_per(engine, clock):
     engine.register("echo", "1", echo)
     error = refused(engine, "echo", {}, rate_limit=per_start(limit=0, per=30))
     assert (error.active, error.retry_after) == (0, 30.0)
+
+
+def test_a_run_committed_while_the_start_waited_gives_no_more_than_per():
+    # The start read its clock at second 0, then waited for its key's lock; meanwhile a
+    # run created at second 0.004 committed and fills the window.
+    start = timezone.now()
+    quota = Quota("k", 1, (), per=0.25)
+    window = [(start + datetime.timedelta(seconds=0.004), 1)]
+    assert rate_retry_after(quota, window, start) == 0.25
+    assert rate_retry_after(quota, window, start + datetime.timedelta(seconds=0.1)) == 0.154
+    # Two units counted at the start's second 0; by the present the first has left.
+    quota = Quota("k", 2, (), per=0.25)
+    window = [
+        (start - datetime.timedelta(seconds=0.249), 1),
+        (start + datetime.timedelta(seconds=0.002), 1),
+    ]
+    assert rate_retry_after(quota, window, start) == 0.0
+    assert rate_retry_after(quota, [window[0], (start, 1)], start) == 0.001
 
 
 def test_a_batch_is_admitted_in_order(engine, clock):
