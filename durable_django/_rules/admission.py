@@ -119,7 +119,8 @@ def rate_retry_after(
     if quota.weight > quota.limit:
         return quota.per
     now = max([now, *(created_at for created_at, _ in window)])
-    window = [row for row in window if row[0] > window_start(quota, now)]
+    since = window_start(quota, now)
+    window = [row for row in window if row[0] > since]
     excess = sum(weight for _, weight in window) + quota.weight - quota.limit
     if excess <= 0:
         return 0.0
