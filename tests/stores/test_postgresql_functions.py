@@ -16,6 +16,7 @@ from django.test import override_settings
 
 from durable_django._core.limits import RATE_TAG_PREFIX, TAG_PREFIX
 from durable_django.stores.postgres import function_definitions, parse_functions, start_text
+from durable_django.stores.postgres.batch_columns import columns
 
 postgresql_only = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="the functions are PostgreSQL's"
@@ -399,7 +400,8 @@ def start_runs(function: str, batch: list[dict], read_namespace: str | None) -> 
                 rows = start_each(cursor, batch, read_namespace)
             else:
                 cursor.execute(
-                    START_RUNS.format(function=function), [json.dumps(batch), read_namespace]
+                    START_RUNS.format(function=function),
+                    [json.dumps(columns(batch, read_namespace)), read_namespace],
                 )
                 rows = cursor.fetchall()
             cursor.execute(
@@ -523,7 +525,7 @@ def test_the_set_based_batch_start_decides_as_the_per_element_one(read_namespace
 @pytest.mark.django_db
 def test_an_id_the_set_based_insert_meets_is_decided_element_by_element():
     """A run holds an id that no element naming it looks for: the insert meets it, and the
-    batch is decided again per element, as the reference decides it."""
+    batch is decided again with every id looked up, as the reference decides it."""
     hold_the_mixed_batchs_keys()
     batch = [
         element("y1", [("a", 4, 1, ALL)]),
@@ -545,22 +547,62 @@ def test_an_id_the_set_based_insert_meets_is_decided_element_by_element():
 @postgresql_only
 @pytest.mark.django_db
 @pytest.mark.parametrize(
-    ("batch", "message"),
+    ("batch", "message", "position"),
     [
-        ([element("ok"), element("bad", [("k", 3, 1, ALL), ("k", 3, 1, ALL)])], "each key once"),
-        ([element("bad", [("k", 3, 0, ALL)])], "weight 0 of key k is below 1"),
+        (
+            [element("ok"), element("bad", [("k", 3, 1, ALL), ("k", 3, 1, ALL)])],
+            "each key once",
+            2,
+        ),
         (
             [{**element("bad", [("k", 3, 1, ALL), ("j", 3, 1, ALL)]), "limits": [3]}],
             "one limit, weight and row of statuses per key",
+            1,
         ),
     ],
 )
-def test_the_set_based_batch_start_refuses_what_its_callers_must_not_send(batch, message):
+def test_the_batch_is_not_laid_out_from_what_its_callers_must_not_send(batch, message, position):
+    """What the reference's function refuses, the batch's columns refuse to be made of,
+    naming the element: nothing reaches the database."""
     from django.db import DatabaseError
 
+    with pytest.raises(DatabaseError, match=message):
+        start_runs(EACH, batch, None)
+    with pytest.raises(ValueError, match=rf"{message} \(element {position}\)"):
+        columns(batch, None)
+
+
+@postgresql_only
+@pytest.mark.django_db
+def test_the_set_based_batch_start_raises_at_a_weight_below_1_as_the_reference():
+    from django.db import DatabaseError
+
+    batch = [element("bad", [("k", 3, 0, ALL)])]
     for function in (EACH, "durable_start_runs_v2"):
-        with pytest.raises(DatabaseError, match=message):
+        with pytest.raises(DatabaseError, match="weight 0 of key k is below 1"):
             start_runs(function, batch, None)
+
+
+@postgresql_only
+@pytest.mark.django_db
+@pytest.mark.parametrize("field", ["workflows", "limits", "tag_weights", "link_pairs"])
+def test_the_set_based_batch_start_refuses_arrays_of_another_length(field):
+    """Columns that do not line up raise before anything is locked or written."""
+    from django.db import DatabaseError, transaction
+
+    from durable_django.models import Run
+
+    arrays = columns([element("r1", [("k", 3, 1, ALL)]), element("r2", [("k", 3, 1, ALL)])], None)
+    arrays[field] = arrays[field][:-1]
+    with (
+        pytest.raises(DatabaseError, match="takes arrays of one length per kind"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(
+            START_RUNS.format(function="durable_start_runs_v2"), [json.dumps(arrays), None]
+        )
+    assert not Run.objects.filter(id__in=["r1", "r2"]).exists()
 
 
 @postgresql_only
@@ -616,7 +658,8 @@ def test_the_set_based_batch_start_counts_each_key_once_from_the_index():
     held("k-running", "running", {"concurrency:k": 1})
     batch = [element(f"e{n}", [("k", 100, 1, ALL)]) for n in range(40)]
     rows, plans = explained(
-        START_RUNS.format(function="durable_start_runs_v2"), [json.dumps(batch), None]
+        START_RUNS.format(function="durable_start_runs_v2"),
+        [json.dumps(columns(batch, None)), None],
     )
     assert [row[1:4] for row in rows] == [("created", None, 1 + n) for n in range(40)]
     counts = [plan for plan in plans if "durable_tag_count_idx" in plan]
@@ -625,3 +668,82 @@ def test_the_set_based_batch_start_counts_each_key_once_from_the_index():
     condition = "(((tag)::text = ('concurrency:'::text || p.key)) AND ((status)::text = p.status))"
     assert f"Index Cond: {condition}" in count
     assert f"loops={len(ALL)})" in count  # once per (key, status), not per element
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_an_id_inserted_concurrently_is_decided_again_as_the_reference():
+    """Another transaction inserts an id of the batch after the batch looked for runs and
+    commits while the batch's insert waits for it: the batch's insert meets the id, and
+    the batch is decided again with that run held, as ``durable_start_run_v2`` decides an
+    id its insert meets ('exists', the holder's workflow, no unit taken)."""
+    import threading
+
+    from django.db import connections, transaction
+
+    from durable_django.models import Run, RunTag
+
+    inserted, commit = threading.Event(), threading.Event()
+
+    def insert_and_hold() -> None:
+        try:
+            with transaction.atomic():
+                Run.objects.create(id="z", workflow="other", version="1", status="completed")
+                inserted.set()
+                commit.wait(10)
+        finally:
+            connections.close_all()
+
+    batch = [element(run_id, [("k", 5, 1, ALL)]) for run_id in ("z1", "z", "z2")]
+    rows: list[tuple] = []
+
+    def start_batch() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                pids.append(cursor.fetchone()[0])
+                cursor.execute(
+                    START_RUNS.format(function="durable_start_runs_v2"),
+                    [json.dumps(columns(batch, None)), None],
+                )
+                rows.extend(cursor.fetchall())
+        finally:
+            connections.close_all()
+
+    pids: list[int] = []
+    holder = threading.Thread(target=insert_and_hold)
+    holder.start()
+    assert inserted.wait(10)
+    starter = threading.Thread(target=start_batch)
+    starter.start()
+    with connection.cursor() as cursor:  # until the batch's insert waits for the holder
+        for _ in range(200):
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s) "
+                "AND wait_event_type = 'Lock'",
+                [pids],
+            )
+            if cursor.fetchone()[0]:
+                break
+            threading.Event().wait(0.05)
+        else:
+            pytest.fail("the batch's insert never waited for the concurrent one")
+    commit.set()
+    holder.join(10)
+    starter.join(10)
+    assert [row[1:5] for row in rows] == [
+        ("created", None, 0, "wf"),
+        ("exists", None, 0, "other"),
+        ("created", None, 1, "wf"),  # z took no unit
+    ]
+    assert set(Run.objects.values_list("id", "workflow")) == {
+        ("z1", "wf"),
+        ("z", "other"),
+        ("z2", "wf"),
+    }
+    assert sorted(RunTag.objects.values_list("run_id", "tag")) == [
+        ("z1", "concurrency:k"),
+        ("z1", "t"),
+        ("z2", "concurrency:k"),
+        ("z2", "t"),
+    ]

@@ -26,7 +26,7 @@ from ...models import Run, Step, model_field
 from ...status import RunStatus
 from .. import override_rows, ticket_rows
 from ..base import StartRequest, batch_index, decide_read, existing_outcome, timed_refusal
-from ..postgres import arrays, first_start
+from ..postgres import arrays, batch_columns, first_start
 from ..postgres.beginning import BegunWithFirstStatement
 from ..postgres.bound import binds_client_side, fetch_one
 from ..postgres.committing import (
@@ -264,7 +264,7 @@ class PostgresPath(PortablePath):
     def _start_many_on_postgresql(
         self, starts: Sequence[StartRequest], read_namespace: str | None
     ) -> list[StartOutcome | ConcurrencyLimitError]:
-        batch = [_start_json(start) for start in starts]
+        batch = batch_columns.columns([_start_json(start) for start in starts], read_namespace)
         with transaction.atomic(using=self.using):
             with connections[self.using].cursor() as cursor:
                 cursor.execute(_START_MANY_SQL, [_JSON.encode(batch), read_namespace])
@@ -456,9 +456,9 @@ _JSON_FIELDS = frozenset({"output", "error", "wait"})
 
 
 def _start_json(start: StartRequest) -> dict[str, Any]:
-    """One start of a batch as ``durable_start_runs_v2`` (and v1) reads it: the arguments of
-    ``durable_start_run_v2``, those that are ``NULL`` left out. ``statuses`` holds one
-    row per quota, padded with ``null`` to the longest (a two-dimensional array)."""
+    """One start of a batch, an element as :func:`batch_columns.columns` reads it: the
+    arguments of ``durable_start_run_v2`` by name, ``parent_id`` left out for none, and
+    ``statuses`` holding each quota's counted statuses."""
     run, quotas = start.run, start.quotas
     item: dict[str, Any] = {
         "id": run.run_id,
@@ -473,7 +473,7 @@ def _start_json(start: StartRequest) -> dict[str, Any]:
         "keys": [quota.key for quota in quotas],
         "limits": [quota.limit for quota in quotas],
         "weights": [quota.weight for quota in quotas],
-        "statuses": _status_rows(tuple(tuple(quota.count_statuses) for quota in quotas)),
+        "statuses": [quota.count_statuses for quota in quotas],
     }
     if run.parent_id is not None:
         item["parent_id"] = run.parent_id

@@ -415,27 +415,35 @@ END
 $$;
 
 
--- A batch of starts in one call, set-based: for each element of p_runs, in order, what
+-- A batch of starts in one call, set-based: for each element of the batch, in order, what
 -- durable_start_run_v2 does, in a fixed number of statements whatever the batch's size.
--- Each element of p_runs (a JSON array) is an object holding durable_start_run_v2's
--- arguments by name: id, check_existing, workflow, version, namespace, input, tags, queue,
--- parent_id, attempt, keys, limits, weights (arrays, one item per quota) and statuses (an
--- array of arrays, one per quota, padded with null to the longest); p_read_namespace is
--- the batch's. A NULL argument is left out. Returns one row per element: its position
--- (from 1) and durable_start_run_v2's row for it. A refused element creates nothing and
--- the others go on.
+-- p_runs is a JSON object of arrays, which durable_django.stores.postgres.batch_text
+-- builds from the elements (each holding durable_start_run_v2's arguments), numbering
+-- what the decisions index; p_read_namespace is the batch's. Returns one row per element:
+-- its position (from 1) and durable_start_run_v2's row for it. A refused element creates
+-- nothing and the others go on.
 --
--- 1. One statement reads the elements into arrays, and reads no table: each element's
---    fields; its quotas (elements in order, each element's in its order), each with its
---    key's number among the batch's distinct keys and its counting's number among the
---    batch's distinct countings (a key and a row of statuses); each counting's
---    (key, status) pairs; the tags of each element, a quota's tag weighing its quota's
---    weight (other tags 1); and the units each element's run would add to the batch's
---    keys: each of its tags 'concurrency:' || K, K a key of the batch, with that weight,
---    when its namespace is counted (p_read_namespace NULL, or its namespace). It finds
---    the arguments durable_start_run_v2 refuses (limits, weights or rows of statuses not
---    matching the keys in number, a key named twice): the batch raises before anything
---    is locked. A counting's row holds its statuses each once, in one order.
+-- p_runs holds, each an array:
+-- - per element, in order: ids, checks (check_existing), workflows, versions, namespaces,
+--   inputs, queues, parents (parent_id, null for none), attempts; quotas, its number of
+--   quotas; firsts, the position of the batch's first element with its id;
+-- - look_ids and look_positions: each id that an element checking existing names, at the
+--   position of its first element;
+-- - per quota, elements in order and each element's quotas in its order: quota_keys, its
+--   key's number (from 1) among key_names, the batch's distinct keys; quota_countings, its
+--   counting's number among the batch's distinct countings (a key and a set of statuses);
+--   limits; weights;
+-- - per counting: counting_pendings, 1 when its statuses name 'pending', else 0;
+-- - per distinct (key, status) pair: pair_keys, pair_statuses; and per (counting, pair)
+--   that a counting's statuses make: link_countings, link_pairs;
+-- - per tag of each element, elements in order: tag_positions, tag_names, tag_weights (a
+--   quota's tag weighs its quota's weight, other tags 1);
+-- - the units each element's run would add to the batch's keys, elements in order:
+--   add_positions, add_keys, add_weights: each of its tags 'concurrency:' || K, K a key
+--   of the batch, when its namespace is counted (p_read_namespace NULL, or its namespace).
+--
+-- 1. One statement reads p_runs into arrays, and reads no table; arrays of another length
+--    than their kind's raise before anything is locked.
 -- 2. Every key of the batch is locked by one call of durable_lock_quota_keys_v1 (byte
 --    order, COLLATE "C", which is also the code point order the portable path sorts keys
 --    in): batches and single starts serialise on the same locks and never wait on each
@@ -449,17 +457,16 @@ $$;
 -- 4. One statement counts the units of each distinct (key, status) pair once: the sum of
 --    the weights of the key's tag rows in that status (in p_read_namespace when given),
 --    read from the index on (tag, status, namespace) by tag and status, as each search
---    of durable_start_run_v2's count is; a counting's units are the sum over the statuses
---    of its row (a status named twice counts once, as it does there).
+--    of durable_start_run_v2's count is; a counting's units are the sum over its
+--    statuses (each named once).
 -- 5. A loop over the elements decides each in order, on arrays, with no SQL: one that
 --    checks existing and whose id is held (before the batch, or by an earlier element)
 --    is 'exists'; else each of its quotas in order, its units being its counting's plus,
---    when its row of statuses names 'pending', those the batch's created runs added to
---    its key: the first over its limit refuses ('refused', its position, its units and
---    the limit it met; a
---    weight below 1 raises when its quota is reached, as there); else, when its id is
---    held, 'exists' (durable_start_run_v2's insert meets the id); else 'created', with
---    the units of its last quota, and its run's units are added.
+--    when its statuses name 'pending', those the batch's created runs added to its key:
+--    the first over its limit refuses ('refused', its position, its units and the limit
+--    it met; a weight below 1 raises when its quota is reached, as there); else, when its
+--    id is held, 'exists' (durable_start_run_v2's insert meets the id); else 'created',
+--    with the units of its last quota, and its run's units are added.
 -- 6. One INSERT ... SELECT of the created runs, in order, each created_at the clock when
 --    its row is made (as durable_start_run_v2's is), and one of their tags.
 --
@@ -469,8 +476,12 @@ $$;
 -- An id the insert meets although step 5 created it (a concurrent start inserted it after
 -- step 3, or a run held it already and no element naming it checks existing) changes what
 -- the decisions must be: the runs inserted are deleted again (this transaction made them
--- and nothing refers to them yet) and the batch is decided element by element, each by a
--- call of durable_start_run_v2, under the locks already held.
+-- and nothing refers to them yet), and steps 3 to 6 are made again under the locks
+-- already held, step 3 now reading the run holding each id of the batch: an element whose
+-- id is held then goes through its quotas and is 'exists', as durable_start_run_v2's
+-- insert meeting it makes it. Each pass finds held every id the one before met, so the
+-- passes end; should concurrent inserts meet the batch more times than it has elements,
+-- it raises serialization_failure (SQLSTATE 40001) rather than go on, and creates nothing.
 CREATE OR REPLACE FUNCTION durable_start_runs_v2(
     p_runs jsonb,
     p_read_namespace text
@@ -486,7 +497,6 @@ SET jit = off
 AS $$
 DECLARE
     v_n integer;
-    v_error text;
     -- per element, by position
     v_ids text[];
     v_checks boolean[];
@@ -520,8 +530,8 @@ DECLARE
     v_added bigint[];  -- the units the batch's created runs added
     -- per counting, by number
     v_counting_units bigint[];  -- the units it counts before the batch
-    v_counting_pendings integer[];  -- 1 when its row names 'pending', else 0
-    -- per (key, status) pair, and per (counting, pair) a counting's row makes
+    v_counting_pendings integer[];  -- 1 when its statuses name 'pending', else 0
+    -- per (key, status) pair, and per (counting, pair) a counting's statuses make
     v_pair_keys text[];
     v_pair_statuses text[];
     v_link_countings integer[];
@@ -543,153 +553,72 @@ DECLARE
     v_found_workflows text[];
     v_found_namespaces text[];
     -- the loop
-    v_quota integer := 1;
-    v_add integer := 1;
+    v_quota integer;
+    v_add integer;
     v_first integer;
     v_held integer;
     v_weight integer;
     v_limit integer;
     v_count bigint;
     v_refusing integer;
-    v_made integer := 0;
+    v_made integer;
     v_inserted text[];
-    -- an element and its position, when the batch is decided element by element
-    v_run jsonb;
-    v_position integer;
+    v_quota_count integer;
+    v_passes integer := 0;
 BEGIN
-    WITH element AS (
-        SELECT e.ordinality::integer AS ord, x.id, coalesce(x.check_existing, false) AS checks,
-            x.workflow, x.version, x.namespace, e.value -> 'input' AS input, x.queue,
-            x.parent_id, x.attempt, coalesce(x.tags, '{}') AS tags,
-            coalesce(x.keys, '{}') AS keys, coalesce(x.limits, '{}') AS limits,
-            coalesce(x.weights, '{}') AS weights, x.statuses
-        FROM jsonb_array_elements(p_runs) WITH ORDINALITY AS e
-        CROSS JOIN LATERAL jsonb_to_record(e.value) AS x(
-            id text, check_existing boolean, workflow text, version text, namespace text,
-            queue text, parent_id text, attempt integer, tags text[], keys text[],
-            limits integer[], weights integer[], statuses text[]
-        )
-    ), grouped AS (
-        SELECT el.*, min(el.ord) OVER same_id AS first,
-            bool_or(el.checks) OVER same_id AS looked_for,
-            CASE WHEN cardinality(el.keys) > 0 THEN CASE
-                WHEN cardinality(el.limits) <> cardinality(el.keys)
-                    OR cardinality(el.weights) <> cardinality(el.keys)
-                    OR coalesce(array_length(el.statuses, 1), 0) <> cardinality(el.keys)
-                    OR array_ndims(el.statuses) <> 2
-                    THEN 'takes one limit, weight and row of statuses per key'
-                WHEN cardinality(el.keys) > 1
-                    AND (SELECT count(DISTINCT k) FROM unnest(el.keys) AS k)
-                        <> cardinality(el.keys)
-                    THEN 'takes each key once'
-            END END AS error
-        FROM element AS el
-        WINDOW same_id AS (PARTITION BY el.id)
-    ), quota AS (
-        SELECT el.ord, k.i, k.key, k.lim, k.weight,
-            dense_rank() OVER (ORDER BY k.key)::integer AS key_number,
-            -- the quota's row of statuses, each once, in one order
-            ARRAY(
-                SELECT DISTINCT s.status FROM unnest(el.statuses[k.i:k.i]) AS s(status)
-                WHERE s.status IS NOT NULL ORDER BY 1
-            ) AS statuses
-        FROM element AS el,
-            unnest(el.keys, el.limits, el.weights) WITH ORDINALITY AS k(key, lim, weight, i)
-    ), numbered AS (
-        SELECT q.*, dense_rank() OVER (ORDER BY q.key, q.statuses)::integer AS counting
-        FROM quota AS q
-    ), counting AS (
-        SELECT DISTINCT n.counting, n.key, n.statuses FROM numbered AS n
-    ), counted AS (
-        -- each status of each counting's row
-        SELECT c.counting, c.key, s.status,
-            dense_rank() OVER (ORDER BY c.key, s.status)::integer AS pair
-        FROM counting AS c, unnest(c.statuses) AS s(status)
-        WHERE s.status IS NOT NULL
-    ), key_name AS (
-        SELECT DISTINCT q.key_number, q.key FROM quota AS q
-    ), tag AS (
-        SELECT el.ord, t.n, t.tag, el.namespace,
-            coalesce(CASE WHEN left(t.tag, 12) = 'concurrency:'
-                THEN el.weights[array_position(el.keys, substr(t.tag, 13))] END, 1) AS weight
-        FROM element AS el, unnest(el.tags) WITH ORDINALITY AS t(tag, n)
-    ), adding AS (
-        SELECT tg.ord, tg.n, kn.key_number, tg.weight
-        FROM tag AS tg JOIN key_name AS kn ON kn.key = substr(tg.tag, 13)
-        WHERE left(tg.tag, 12) = 'concurrency:'
-            AND (p_read_namespace IS NULL OR tg.namespace = p_read_namespace)
-    )
-    SELECT
-        g.n, g.ids, g.checks, g.workflows, g.versions, g.namespaces, g.inputs, g.queues,
-        g.parents, g.attempts, g.quotas, g.firsts, g.look_ids, g.look_positions, g.error,
-        q.keys, q.countings, q.limits, q.weights, kn.names, c.pendings, p.keys, p.statuses,
-        l.countings, l.pairs, t.positions, t.names, t.weights, a.positions, a.keys,
-        a.weights
-    INTO v_n, v_ids, v_checks, v_workflows, v_versions, v_namespaces, v_inputs, v_queues,
-        v_parents, v_attempts, v_quotas, v_firsts, v_look_ids, v_look_positions, v_error,
+    SELECT x.ids, x.checks, x.workflows, x.versions, x.namespaces, x.inputs, x.queues,
+        x.parents, x.attempts, x.quotas, x.firsts, x.look_ids, x.look_positions,
+        x.quota_keys, x.quota_countings, x.limits, x.weights, x.key_names,
+        x.counting_pendings, x.pair_keys, x.pair_statuses, x.link_countings, x.link_pairs,
+        x.tag_positions, x.tag_names, x.tag_weights, x.add_positions, x.add_keys,
+        x.add_weights
+    INTO v_ids, v_checks, v_workflows, v_versions, v_namespaces, v_inputs, v_queues,
+        v_parents, v_attempts, v_quotas, v_firsts, v_look_ids, v_look_positions,
         v_quota_keys, v_quota_countings, v_limits, v_weights, v_key_names,
         v_counting_pendings, v_pair_keys, v_pair_statuses, v_link_countings, v_link_pairs,
         v_tag_positions, v_tag_names, v_tag_weights, v_add_positions, v_add_keys,
         v_add_weights
-    FROM (
-        SELECT count(*)::integer AS n,
-            array_agg(gr.id ORDER BY gr.ord) AS ids,
-            array_agg(gr.checks ORDER BY gr.ord) AS checks,
-            array_agg(gr.workflow ORDER BY gr.ord) AS workflows,
-            array_agg(gr.version ORDER BY gr.ord) AS versions,
-            array_agg(gr.namespace ORDER BY gr.ord) AS namespaces,
-            array_agg(gr.input ORDER BY gr.ord) AS inputs,
-            array_agg(gr.queue ORDER BY gr.ord) AS queues,
-            array_agg(gr.parent_id ORDER BY gr.ord) AS parents,
-            array_agg(gr.attempt ORDER BY gr.ord) AS attempts,
-            array_agg(cardinality(gr.keys) ORDER BY gr.ord) AS quotas,
-            array_agg(gr.first ORDER BY gr.ord) AS firsts,
-            array_agg(gr.id) FILTER (WHERE gr.looked_for AND gr.ord = gr.first) AS look_ids,
-            array_agg(gr.ord) FILTER (WHERE gr.looked_for AND gr.ord = gr.first)
-                AS look_positions,
-            (array_agg(gr.error ORDER BY gr.ord) FILTER (WHERE gr.error IS NOT NULL))[1]
-                AS error
-        FROM grouped AS gr
-    ) AS g, (
-        SELECT array_agg(n.key_number ORDER BY n.ord, n.i) AS keys,
-            array_agg(n.counting ORDER BY n.ord, n.i) AS countings,
-            array_agg(n.lim ORDER BY n.ord, n.i) AS limits,
-            array_agg(n.weight ORDER BY n.ord, n.i) AS weights
-        FROM numbered AS n
-    ) AS q, (
-        SELECT array_agg(k.key ORDER BY k.key_number) AS names FROM key_name AS k
-    ) AS kn, (
-        SELECT array_agg(
-            (SELECT count(*) FROM unnest(c.statuses) AS s WHERE s = 'pending')::integer
-            ORDER BY c.counting
-        ) AS pendings
-        FROM counting AS c
-    ) AS c, (
-        SELECT array_agg(d.key ORDER BY d.pair) AS keys,
-            array_agg(d.status ORDER BY d.pair) AS statuses
-        FROM (SELECT DISTINCT cd.pair, cd.key, cd.status FROM counted AS cd) AS d
-    ) AS p, (
-        -- in any order: the two arrays are aligned
-        SELECT array_agg(cd.counting) AS countings, array_agg(cd.pair) AS pairs
-        FROM counted AS cd
-    ) AS l, (
-        SELECT array_agg(tg.ord) AS positions, array_agg(tg.tag) AS names,
-            array_agg(tg.weight) AS weights
-        FROM tag AS tg
-    ) AS t, (
-        SELECT array_agg(ad.ord ORDER BY ad.ord, ad.n) AS positions,
-            array_agg(ad.key_number ORDER BY ad.ord, ad.n) AS keys,
-            array_agg(ad.weight ORDER BY ad.ord, ad.n) AS weights
-        FROM adding AS ad
-    ) AS a;
-    IF v_error IS NOT NULL THEN
-        RAISE EXCEPTION 'durable_start_runs_v2 %', v_error;
+    FROM jsonb_to_record(p_runs) AS x(
+        ids text[], checks boolean[], workflows text[], versions text[], namespaces text[],
+        inputs jsonb[], queues text[], parents text[], attempts integer[], quotas integer[],
+        firsts integer[], look_ids text[], look_positions integer[], quota_keys integer[],
+        quota_countings integer[], limits integer[], weights integer[], key_names text[],
+        counting_pendings integer[], pair_keys text[], pair_statuses text[],
+        link_countings integer[], link_pairs integer[], tag_positions integer[],
+        tag_names text[], tag_weights integer[], add_positions integer[],
+        add_keys integer[], add_weights integer[]
+    );
+    v_n := coalesce(cardinality(v_ids), 0);
+    v_quota_count := (SELECT coalesce(sum(q), 0) FROM unnest(v_quotas) AS q);
+    IF coalesce(cardinality(v_checks), 0) <> v_n
+        OR coalesce(cardinality(v_workflows), 0) <> v_n
+        OR coalesce(cardinality(v_versions), 0) <> v_n
+        OR coalesce(cardinality(v_namespaces), 0) <> v_n
+        OR coalesce(cardinality(v_inputs), 0) <> v_n
+        OR coalesce(cardinality(v_queues), 0) <> v_n
+        OR coalesce(cardinality(v_parents), 0) <> v_n
+        OR coalesce(cardinality(v_attempts), 0) <> v_n
+        OR coalesce(cardinality(v_quotas), 0) <> v_n
+        OR coalesce(cardinality(v_firsts), 0) <> v_n
+        OR coalesce(cardinality(v_look_ids), 0) <> coalesce(cardinality(v_look_positions), 0)
+        OR coalesce(cardinality(v_quota_keys), 0) <> v_quota_count
+        OR coalesce(cardinality(v_quota_countings), 0) <> v_quota_count
+        OR coalesce(cardinality(v_limits), 0) <> v_quota_count
+        OR coalesce(cardinality(v_weights), 0) <> v_quota_count
+        OR coalesce(cardinality(v_pair_keys), 0) <> coalesce(cardinality(v_pair_statuses), 0)
+        OR coalesce(cardinality(v_link_countings), 0) <> coalesce(cardinality(v_link_pairs), 0)
+        OR coalesce(cardinality(v_tag_positions), 0) <> coalesce(cardinality(v_tag_names), 0)
+        OR coalesce(cardinality(v_tag_positions), 0) <> coalesce(cardinality(v_tag_weights), 0)
+        OR coalesce(cardinality(v_add_positions), 0) <> coalesce(cardinality(v_add_keys), 0)
+        OR coalesce(cardinality(v_add_positions), 0) <> coalesce(cardinality(v_add_weights), 0)
+    THEN
+        RAISE EXCEPTION 'durable_start_runs_v2 takes arrays of one length per kind';
     END IF;
     IF v_n = 0 THEN
         RETURN;
     END IF;
 
-    IF v_key_names IS NOT NULL THEN
+    IF cardinality(v_key_names) > 0 THEN
         PERFORM durable_lock_quota_keys_v1(v_key_names);
         v_key_limits := ARRAY(
             SELECT (SELECT o.quota_limit FROM durable_quota_override AS o
@@ -700,105 +629,109 @@ BEGIN
         );
     END IF;
 
-    v_held_workflows := array_fill(NULL::text, ARRAY[v_n]);
-    v_held_namespaces := array_fill(NULL::text, ARRAY[v_n]);
-    IF v_look_ids IS NOT NULL THEN
-        SELECT array_agg(l.pos), array_agg(r.workflow::text), array_agg(r.namespace::text)
-        INTO v_found_positions, v_found_holders, v_found_spaces
-        FROM unnest(v_look_ids, v_look_positions) AS l(id, pos)
-        JOIN durable_run AS r ON r.id = l.id;
-        FOR v_i IN 1 .. coalesce(cardinality(v_found_positions), 0) LOOP
-            v_held_workflows[v_found_positions[v_i]] := v_found_holders[v_i];
-            v_held_namespaces[v_found_positions[v_i]] := v_found_spaces[v_i];
-        END LOOP;
-    END IF;
-
-    IF v_counting_pendings IS NOT NULL THEN
-        WITH pair AS MATERIALIZED (
-            SELECT p.n::integer AS pair, (
-                SELECT coalesce(sum(c.weight), 0) FROM (
-                    SELECT t.weight FROM durable_run_tag AS t
-                    WHERE t.tag = 'concurrency:' || p.key AND t.status = p.status
-                        AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
-                ) AS c
-            ) AS units
-            FROM unnest(v_pair_keys, v_pair_statuses) WITH ORDINALITY AS p(key, status, n)
-        )
-        SELECT array_agg(coalesce(s.units, 0) ORDER BY c.n) INTO v_counting_units
-        FROM generate_series(1, cardinality(v_counting_pendings)) AS c(n)
-        LEFT JOIN (
-            SELECT l.counting, sum(pr.units)::bigint AS units
-            FROM unnest(v_link_countings, v_link_pairs) AS l(counting, pair)
-            JOIN pair AS pr ON pr.pair = l.pair
-            GROUP BY l.counting
-        ) AS s ON s.counting = c.n;
-    END IF;
-
-    v_added := array_fill(0::bigint, ARRAY[coalesce(cardinality(v_key_names), 0)]);
-    v_adds := coalesce(cardinality(v_add_positions), 0);
-    v_created := array_fill(false, ARRAY[v_n]);
-    v_outcomes := array_fill(NULL::text, ARRAY[v_n]);
-    v_refused := array_fill(NULL::integer, ARRAY[v_n]);
-    v_active := array_fill(0::bigint, ARRAY[v_n]);
-    v_refused_limits := array_fill(NULL::integer, ARRAY[v_n]);
-    v_found_workflows := array_fill(NULL::text, ARRAY[v_n]);
-    v_found_namespaces := array_fill(NULL::text, ARRAY[v_n]);
-    -- The decision of durable_start_run_v2 (its definition), for each element in order.
-    FOR v_e IN 1 .. v_n LOOP
-        v_first := v_quota;
-        v_quota := v_quota + v_quotas[v_e];
-        v_held := v_firsts[v_e];
-        IF v_checks[v_e] AND v_held_workflows[v_held] IS NOT NULL THEN
-            v_outcomes[v_e] := 'exists';
-            v_found_workflows[v_e] := v_held_workflows[v_held];
-            v_found_namespaces[v_e] := v_held_namespaces[v_held];
-            CONTINUE;
-        END IF;
-        v_count := 0;
-        v_refusing := NULL;
-        FOR v_q IN v_first .. v_quota - 1 LOOP
-            v_weight := v_weights[v_q];
-            IF v_weight IS NULL OR v_weight < 1 THEN
-                RAISE EXCEPTION 'durable_start_runs_v2: weight % of key % is below 1',
-                    v_weight, v_key_names[v_quota_keys[v_q]];
-            END IF;
-            v_count := v_counting_units[v_quota_countings[v_q]]
-                + v_counting_pendings[v_quota_countings[v_q]] * v_added[v_quota_keys[v_q]];
-            v_limit := coalesce(v_key_limits[v_quota_keys[v_q]], v_limits[v_q]);
-            IF NOT (v_count + v_weight <= v_limit) THEN
-                v_refusing := v_q - v_first + 1;
-                EXIT;
-            END IF;
-        END LOOP;
-        IF v_refusing IS NOT NULL THEN
-            v_outcomes[v_e] := 'refused';
-            v_refused[v_e] := v_refusing;
-            v_active[v_e] := v_count;
-            v_refused_limits[v_e] := v_limit;
-        ELSIF v_held_workflows[v_held] IS NOT NULL THEN
-            v_outcomes[v_e] := 'exists';
-            v_found_workflows[v_e] := v_held_workflows[v_held];
-            v_found_namespaces[v_e] := v_held_namespaces[v_held];
-        ELSE
-            v_held_workflows[v_held] := v_workflows[v_e];
-            v_held_namespaces[v_held] := v_namespaces[v_e];
-            v_created[v_e] := true;
-            v_made := v_made + 1;
-            v_outcomes[v_e] := 'created';
-            v_active[v_e] := v_count;
-            v_found_workflows[v_e] := v_workflows[v_e];
-            v_found_namespaces[v_e] := v_namespaces[v_e];
-            WHILE v_add <= v_adds AND v_add_positions[v_add] <= v_e LOOP
-                IF v_add_positions[v_add] = v_e THEN
-                    v_added[v_add_keys[v_add]] := v_added[v_add_keys[v_add]]
-                        + v_add_weights[v_add];
-                END IF;
-                v_add := v_add + 1;
+    LOOP
+        v_held_workflows := array_fill(NULL::text, ARRAY[v_n]);
+        v_held_namespaces := array_fill(NULL::text, ARRAY[v_n]);
+        IF cardinality(v_look_ids) > 0 THEN
+            SELECT array_agg(l.pos), array_agg(r.workflow::text), array_agg(r.namespace::text)
+            INTO v_found_positions, v_found_holders, v_found_spaces
+            FROM unnest(v_look_ids, v_look_positions) AS l(id, pos)
+            JOIN durable_run AS r ON r.id = l.id;
+            FOR v_i IN 1 .. coalesce(cardinality(v_found_positions), 0) LOOP
+                v_held_workflows[v_found_positions[v_i]] := v_found_holders[v_i];
+                v_held_namespaces[v_found_positions[v_i]] := v_found_spaces[v_i];
             END LOOP;
         END IF;
-    END LOOP;
 
-    IF v_made > 0 THEN
+        IF cardinality(v_counting_pendings) > 0 THEN
+            WITH pair AS MATERIALIZED (
+                SELECT p.n::integer AS pair, (
+                    SELECT coalesce(sum(c.weight), 0) FROM (
+                        SELECT t.weight FROM durable_run_tag AS t
+                        WHERE t.tag = 'concurrency:' || p.key AND t.status = p.status
+                            AND (p_read_namespace IS NULL OR t.namespace = p_read_namespace)
+                    ) AS c
+                ) AS units
+                FROM unnest(v_pair_keys, v_pair_statuses) WITH ORDINALITY AS p(key, status, n)
+            )
+            SELECT array_agg(coalesce(s.units, 0) ORDER BY c.n) INTO v_counting_units
+            FROM generate_series(1, cardinality(v_counting_pendings)) AS c(n)
+            LEFT JOIN (
+                SELECT l.counting, sum(pr.units)::bigint AS units
+                FROM unnest(v_link_countings, v_link_pairs) AS l(counting, pair)
+                JOIN pair AS pr ON pr.pair = l.pair
+                GROUP BY l.counting
+            ) AS s ON s.counting = c.n;
+        END IF;
+
+        v_added := array_fill(0::bigint, ARRAY[coalesce(cardinality(v_key_names), 0)]);
+        v_adds := coalesce(cardinality(v_add_positions), 0);
+        v_created := array_fill(false, ARRAY[v_n]);
+        v_outcomes := array_fill(NULL::text, ARRAY[v_n]);
+        v_refused := array_fill(NULL::integer, ARRAY[v_n]);
+        v_active := array_fill(0::bigint, ARRAY[v_n]);
+        v_refused_limits := array_fill(NULL::integer, ARRAY[v_n]);
+        v_found_workflows := array_fill(NULL::text, ARRAY[v_n]);
+        v_found_namespaces := array_fill(NULL::text, ARRAY[v_n]);
+        v_quota := 1;
+        v_add := 1;
+        v_made := 0;
+        -- The decision of durable_start_run_v2 (its definition), for each element in order.
+        FOR v_e IN 1 .. v_n LOOP
+            v_first := v_quota;
+            v_quota := v_quota + v_quotas[v_e];
+            v_held := v_firsts[v_e];
+            IF v_checks[v_e] AND v_held_workflows[v_held] IS NOT NULL THEN
+                v_outcomes[v_e] := 'exists';
+                v_found_workflows[v_e] := v_held_workflows[v_held];
+                v_found_namespaces[v_e] := v_held_namespaces[v_held];
+                CONTINUE;
+            END IF;
+            v_count := 0;
+            v_refusing := NULL;
+            FOR v_q IN v_first .. v_quota - 1 LOOP
+                v_weight := v_weights[v_q];
+                IF v_weight IS NULL OR v_weight < 1 THEN
+                    RAISE EXCEPTION 'durable_start_runs_v2: weight % of key % is below 1',
+                        v_weight, v_key_names[v_quota_keys[v_q]];
+                END IF;
+                v_count := v_counting_units[v_quota_countings[v_q]]
+                    + v_counting_pendings[v_quota_countings[v_q]] * v_added[v_quota_keys[v_q]];
+                v_limit := coalesce(v_key_limits[v_quota_keys[v_q]], v_limits[v_q]);
+                IF NOT (v_count + v_weight <= v_limit) THEN
+                    v_refusing := v_q - v_first + 1;
+                    EXIT;
+                END IF;
+            END LOOP;
+            IF v_refusing IS NOT NULL THEN
+                v_outcomes[v_e] := 'refused';
+                v_refused[v_e] := v_refusing;
+                v_active[v_e] := v_count;
+                v_refused_limits[v_e] := v_limit;
+            ELSIF v_held_workflows[v_held] IS NOT NULL THEN
+                v_outcomes[v_e] := 'exists';
+                v_found_workflows[v_e] := v_held_workflows[v_held];
+                v_found_namespaces[v_e] := v_held_namespaces[v_held];
+            ELSE
+                v_held_workflows[v_held] := v_workflows[v_e];
+                v_held_namespaces[v_held] := v_namespaces[v_e];
+                v_created[v_e] := true;
+                v_made := v_made + 1;
+                v_outcomes[v_e] := 'created';
+                v_active[v_e] := v_count;
+                v_found_workflows[v_e] := v_workflows[v_e];
+                v_found_namespaces[v_e] := v_namespaces[v_e];
+                WHILE v_add <= v_adds AND v_add_positions[v_add] <= v_e LOOP
+                    IF v_add_positions[v_add] = v_e THEN
+                        v_added[v_add_keys[v_add]] := v_added[v_add_keys[v_add]]
+                            + v_add_weights[v_add];
+                    END IF;
+                    v_add := v_add + 1;
+                END LOOP;
+            END IF;
+        END LOOP;
+
+        EXIT WHEN v_made = 0;
         WITH made AS (
             INSERT INTO durable_run (
                 id, workflow, version, namespace, status, queue, input, output, error,
@@ -822,54 +755,25 @@ BEGIN
             RETURNING durable_run.id
         )
         SELECT array_agg(m.id) INTO v_inserted FROM made AS m;
-        IF coalesce(cardinality(v_inserted), 0) <> v_made THEN
-            DELETE FROM durable_run AS r WHERE r.id = ANY (v_inserted);
-            FOR v_run, v_position IN
-                SELECT e.value, e.ordinality::integer
-                FROM jsonb_array_elements(p_runs) WITH ORDINALITY AS e
-                ORDER BY e.ordinality
-            LOOP
-                RETURN QUERY SELECT v_position, s.outcome, s.refused, s.active, s.found_workflow,
-                    s.found_namespace, s.refused_limit
-                FROM durable_start_run_v2(
-                    v_run ->> 'id',
-                    (v_run ->> 'check_existing')::boolean,
-                    v_run ->> 'workflow',
-                    v_run ->> 'version',
-                    v_run ->> 'namespace',
-                    v_run -> 'input',
-                    ARRAY(SELECT jsonb_array_elements_text(v_run -> 'tags')),
-                    v_run ->> 'queue',
-                    v_run ->> 'parent_id',
-                    (v_run ->> 'attempt')::integer,
-                    ARRAY(
-                        SELECT jsonb_array_elements_text(coalesce(v_run -> 'keys', '[]'))
-                    ),
-                    ARRAY(
-                        SELECT w::integer
-                        FROM jsonb_array_elements_text(coalesce(v_run -> 'limits', '[]')) AS w
-                    ),
-                    ARRAY(
-                        SELECT w::integer
-                        FROM jsonb_array_elements_text(coalesce(v_run -> 'weights', '[]'))
-                            AS w
-                    ),
-                    ARRAY(
-                        SELECT ARRAY(SELECT jsonb_array_elements_text(r.value))
-                        FROM jsonb_array_elements(coalesce(v_run -> 'statuses', '[]'))
-                            WITH ORDINALITY AS r
-                        ORDER BY r.ordinality
-                    ),
-                    p_read_namespace
-                ) AS s;
-            END LOOP;
-            RETURN;
+        IF coalesce(cardinality(v_inserted), 0) = v_made THEN
+            INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)
+            SELECT v_ids[t.pos], t.tag, 'pending', v_namespaces[t.pos], t.weight
+            FROM unnest(v_tag_positions, v_tag_names, v_tag_weights) AS t(pos, tag, weight)
+            WHERE v_created[t.pos];
+            EXIT;
         END IF;
-        INSERT INTO durable_run_tag (run_id, tag, status, namespace, weight)
-        SELECT v_ids[t.pos], t.tag, 'pending', v_namespaces[t.pos], t.weight
-        FROM unnest(v_tag_positions, v_tag_names, v_tag_weights) AS t(pos, tag, weight)
-        WHERE v_created[t.pos];
-    END IF;
+        -- An id met: undo the inserts, and decide again, every id of the batch looked for.
+        DELETE FROM durable_run AS r WHERE r.id = ANY (v_inserted);
+        v_passes := v_passes + 1;
+        IF v_passes > v_n THEN
+            RAISE EXCEPTION 'durable_start_runs_v2: its inserts met % times ids inserted by others',
+                v_passes USING ERRCODE = '40001';
+        END IF;
+        SELECT array_agg(f.id ORDER BY f.n), array_agg(f.n ORDER BY f.n)
+        INTO v_look_ids, v_look_positions
+        FROM unnest(v_ids, v_firsts) WITH ORDINALITY AS f(id, first, n)
+        WHERE f.first = f.n;
+    END LOOP;
 
     RETURN QUERY
     SELECT o.ord::integer, o.oc, o.rf, o.ac, o.fw, o.fn, o.rl
