@@ -17,6 +17,12 @@ an order that rotates from connection to connection:
   ``durable_start_run_v2`` call after it (what a kept connection's second start pays);
 - the parts of those statements on their own: the key's lock; the lock and the count;
   the run's and its tag's inserts;
+- the first start as statements with one part left out, each in a session of its own:
+  its override read (the declared limit in its place), its tag's insert, the foreign key
+  check of that insert (``SET session_replication_role = replica`` first, which skips
+  it), and its count (0 in its place); beside them the same first start after
+  ``SET session_replication_role = origin``, which changes nothing, so that the ``SET``
+  itself is accounted for;
 - a plain view's first and second one-row ``INSERT``.
 
 Medians in µs. Then, on 20 more new connections, the shared buffers (hit or read, in
@@ -114,6 +120,40 @@ def statements_maker(conn: psycopg.Connection[Any]) -> Callable[[str], str]:
     return statements
 
 
+def left_out(sql: str, start: str, end: str, replacement: str) -> str:
+    """``sql`` with the text from ``start`` up to ``end`` (``end`` kept) replaced."""
+    begin = sql.index(start)
+    return sql[:begin] + replacement + sql[sql.index(end, begin) :]
+
+
+def parts_left_out(statements: Callable[[str], str]) -> list[tuple[str, Callable[[str], str]]]:
+    """The first start as statements with one of its parts left out, one per session."""
+
+    def no_override(run_id: str) -> str:
+        return left_out(statements(run_id), "(SELECT o.quota_limit", ", 1000000)", "NULL")
+
+    def no_tag(run_id: str) -> str:
+        return left_out(statements(run_id), ",\ntags AS (", "\nSELECT NULL, NULL", "")
+
+    def no_count(run_id: str) -> str:
+        sql = statements(run_id)
+        return left_out(sql, "SELECT coalesce(sum(c.weight)", "\n),\nl1 AS", "SELECT 0 AS active")
+
+    return [
+        (
+            "the first start, after SET session_replication_role = origin",
+            lambda run_id: "SET session_replication_role = origin; " + statements(run_id),
+        ),
+        ("... without its override read", no_override),
+        ("... without its tag's insert", no_tag),
+        (
+            "... without the tag's foreign key check (replica)",
+            lambda run_id: "SET session_replication_role = replica; " + statements(run_id),
+        ),
+        ("... without its count", no_count),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database", default="durable_bench")
@@ -159,6 +199,7 @@ def main() -> None:
         [("the lock and the count, first", fixed(LOCK + "; " + COUNT))],
         [("the run's and the tag's inserts, first", both_inserts)],
         [("a view's first insert", view_insert), ("a view's second insert", view_insert)],
+        *([part] for part in parts_left_out(statements)),
     ]
     server_zone = ""
     for number in range(args.connections):
