@@ -306,7 +306,8 @@ START_RUNS = (
     "FROM {function}(%s::jsonb, %s)"
 )
 RUN_COLUMNS = (
-    "id, workflow, version, namespace, status, queue, input, output, error, parent_id, "
+    "id, workflow, version, namespace, status, queue, input, jsonb_typeof(input), output, "
+    "error, parent_id, "
     "blocked_reason, attempt, started_at, finished_at, wake_at, wait, lease_owner, "
     "lease_expires_at"
 )
@@ -459,6 +460,7 @@ MIXED_BATCH = [
     element("x15", [("g", 5, 1, ["pending", "pending"])]),
     element("x2", [("a", 9, 1, ALL)], check=True),
     element("x16", [("e", 1, 1, ALL)], check=True),
+    {**element("x17"), "input": None},  # a JSON null, not an SQL NULL
 ]
 
 
@@ -513,6 +515,7 @@ def test_the_set_based_batch_start_decides_as_the_per_element_one(read_namespace
             ("created", None, 3),  # g-pending and x14-child's 2
             ("exists", None, 0),
             ("refused", 1, 1),  # e: x3 holds its one unit
+            ("created", None, 0),
         ]
     else:
         assert outcomes[0] == ("created", None, 1)  # a: the blue run is not counted

@@ -566,27 +566,30 @@ DECLARE
     v_quota_count integer;
     v_passes integer := 0;
 BEGIN
-    SELECT x.ids, x.checks, x.workflows, x.versions, x.namespaces, x.inputs, x.queues,
-        x.parents, x.attempts, x.quotas, x.firsts, x.look_ids, x.look_positions,
-        x.quota_keys, x.quota_countings, x.limits, x.weights, x.key_names,
-        x.counting_pendings, x.pair_keys, x.pair_statuses, x.link_countings, x.link_pairs,
-        x.tag_positions, x.tag_names, x.tag_weights, x.add_positions, x.add_keys,
-        x.add_weights
-    INTO v_ids, v_checks, v_workflows, v_versions, v_namespaces, v_inputs, v_queues,
-        v_parents, v_attempts, v_quotas, v_firsts, v_look_ids, v_look_positions,
-        v_quota_keys, v_quota_countings, v_limits, v_weights, v_key_names,
-        v_counting_pendings, v_pair_keys, v_pair_statuses, v_link_countings, v_link_pairs,
-        v_tag_positions, v_tag_names, v_tag_weights, v_add_positions, v_add_keys,
-        v_add_weights
+    SELECT x.ids, x.checks, x.workflows, x.versions, x.namespaces, x.queues, x.parents,
+        x.attempts, x.quotas, x.firsts, x.look_ids, x.look_positions, x.quota_keys,
+        x.quota_countings, x.limits, x.weights, x.key_names, x.counting_pendings,
+        x.pair_keys, x.pair_statuses, x.link_countings, x.link_pairs, x.tag_positions,
+        x.tag_names, x.tag_weights, x.add_positions, x.add_keys, x.add_weights
+    INTO v_ids, v_checks, v_workflows, v_versions, v_namespaces, v_queues, v_parents,
+        v_attempts, v_quotas, v_firsts, v_look_ids, v_look_positions, v_quota_keys,
+        v_quota_countings, v_limits, v_weights, v_key_names, v_counting_pendings,
+        v_pair_keys, v_pair_statuses, v_link_countings, v_link_pairs, v_tag_positions,
+        v_tag_names, v_tag_weights, v_add_positions, v_add_keys, v_add_weights
     FROM jsonb_to_record(p_runs) AS x(
         ids text[], checks boolean[], workflows text[], versions text[], namespaces text[],
-        inputs jsonb[], queues text[], parents text[], attempts integer[], quotas integer[],
+        queues text[], parents text[], attempts integer[], quotas integer[],
         firsts integer[], look_ids text[], look_positions integer[], quota_keys integer[],
         quota_countings integer[], limits integer[], weights integer[], key_names text[],
         counting_pendings integer[], pair_keys text[], pair_statuses text[],
         link_countings integer[], link_pairs integer[], tag_positions integer[],
         tag_names text[], tag_weights integer[], add_positions integer[],
         add_keys integer[], add_weights integer[]
+    );
+    -- Each input as the JSON value it is (a JSON null too, where jsonb[] would hold NULL).
+    v_inputs := ARRAY(
+        SELECT e.value FROM jsonb_array_elements(p_runs -> 'inputs') WITH ORDINALITY AS e(value, n)
+        ORDER BY e.n
     );
     v_n := coalesce(cardinality(v_ids), 0);
     v_quota_count := (SELECT coalesce(sum(q), 0) FROM unnest(v_quotas) AS q);
