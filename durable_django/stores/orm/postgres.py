@@ -264,7 +264,7 @@ class PostgresPath(PortablePath):
     def _start_many_on_postgresql(
         self, starts: Sequence[StartRequest], read_namespace: str | None
     ) -> list[StartOutcome | ConcurrencyLimitError]:
-        batch = batch_columns.columns([_start_json(start) for start in starts], read_namespace)
+        batch = batch_columns.columns([_batch_element(start) for start in starts], read_namespace)
         with transaction.atomic(using=self.using):
             with connections[self.using].cursor() as cursor:
                 cursor.execute(_START_MANY_SQL, [_JSON.encode(batch), read_namespace])
@@ -455,7 +455,7 @@ _TRANSITION_FIELDS = (
 _JSON_FIELDS = frozenset({"output", "error", "wait"})
 
 
-def _start_json(start: StartRequest) -> dict[str, Any]:
+def _batch_element(start: StartRequest) -> dict[str, Any]:
     """One start of a batch, an element as :func:`batch_columns.columns` reads it: the
     arguments of ``durable_start_run_v2`` by name, ``parent_id`` left out for none, and
     ``statuses`` holding each quota's counted statuses."""
