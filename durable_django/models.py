@@ -230,7 +230,18 @@ class RunTag(models.Model):
     """A tag on a run, with a copy of the run's status and namespace for indexed counts."""
 
     # No index of its own: the unique (run, tag) constraint's index leads with the run.
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tag_rows", db_index=False)
+    # No foreign key in the database (db_constraint=False): every tag row is inserted in
+    # the transaction that inserts its run or holds its row lock, so a key's check per
+    # insert would only repeat it. A run deleted otherwise than through Django (which
+    # deletes its tag rows first, on_delete=CASCADE) takes its tag rows with it: the
+    # trigger ``durable_run_deleted`` of migration 0006 (``stores.run_deletion``).
+    run = models.ForeignKey(
+        Run,
+        on_delete=models.CASCADE,
+        related_name="tag_rows",
+        db_index=False,
+        db_constraint=False,
+    )
     tag = ExactCharField(max_length=limits.TAG)
     status = models.CharField(
         max_length=16,

@@ -241,9 +241,10 @@ def test_the_migrations_reverse_and_columns_made_otherwise_are_an_error():
         assert {column: found[column] for column in EXACT_COLUMNS} == dict.fromkeys(
             EXACT_COLUMNS, binary_collation(connection)
         )
-        # The tags' key to the run; a step's run has its collation (above) but no key in
-        # the database (its record holds the run's row lock).
-        assert foreign_keys() == {"durable_run_tag.run_id"}
+        # No key to the run: a step's run and a tag's have its collation (above) but no
+        # key in the database (a step's record holds the run's row lock; a tag row is
+        # inserted with its run or under its row lock, and deleted with it by a trigger).
+        assert foreign_keys() == set()
         assert collation_errors(connection) == []
 
         # As if these columns had been made by hand, or by another migration.

@@ -25,7 +25,7 @@ postgresql_only = pytest.mark.skipif(
 APP = "durable_django"
 #: Every migration installing functions, in order; the last of them is the app's latest
 #: migration and leaves them all installed.
-FUNCTIONS_MIGRATIONS = [(APP, "0002_routines")]
+FUNCTIONS_MIGRATIONS = [(APP, "0002_routines"), (APP, "0006_tag_rows_deleted_with_their_run")]
 LATEST = FUNCTIONS_MIGRATIONS[-1]
 
 

@@ -812,3 +812,20 @@ BEGIN
     END IF;
 END
 $$;
+
+
+-- A run's tag rows deleted with it: the trigger function of durable_run's trigger
+-- durable_run_deleted (AFTER DELETE, FOR EACH ROW), installed with it by migration
+-- 0006_tag_rows_deleted_with_their_run (durable_django.stores.run_deletion). The tag rows
+-- have no foreign key to their run; a run deleted otherwise than through Django (which
+-- deletes them first) must not leave an active tag row counted against its key for good.
+-- Deleting an active quota tag row fires durable_quota_release_delete, so a waiting start
+-- hears of the slot freed. Its statement is run_deletion.RULE, the text the other
+-- databases' triggers are made of (a test binds the two).
+CREATE OR REPLACE FUNCTION durable_run_deleted_v1() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM durable_run_tag WHERE run_id = OLD.id;
+    RETURN NULL;
+END
+$$;
