@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from django.db import router
-from django.db.migrations.operations.base import Operation, OperationCategory
+from django.db.migrations.operations.base import OperationCategory
+
+from .database_operations import DatabaseOperation
 
 #: A versioned name: ``durable_`` and what the routine does, then ``_v`` and its version.
 _VERSIONED_NAME = re.compile(r"durable_[a-z_]+_v[1-9][0-9]*")
@@ -77,10 +78,11 @@ def _read(file: RoutineFile) -> dict[str, str]:
     return file.parse(file.path.read_text(encoding="utf-8"))
 
 
-class InstallRoutines(Operation):
+class InstallRoutines(DatabaseOperation):
     """Install the routines ``names`` of a dialect's :class:`RoutineFile` on a database of
     that dialect where the routers let the app migrate (``router.allow_migrate(alias,
-    app_label, **hints)``); backwards, drop them. Other databases get nothing.
+    app_label, **hints)``, as ``RunSQL`` asks); backwards, drop them. Other databases get
+    nothing.
 
     A migration names the routines it installs: a later one adding a new version of a
     routine installs that version alone, and its reverse drops that version alone. A
@@ -92,7 +94,6 @@ class InstallRoutines(Operation):
     backwards it does nothing, and the earlier migration's reverse drops them.
     """
 
-    reversible = True
     category = OperationCategory.ADDITION
 
     #: The file the routines are read from.
@@ -110,9 +111,6 @@ class InstallRoutines(Operation):
         self.hints = hints or {}
         self.replace = replace
 
-    def state_forwards(self, app_label: str, state: Any) -> None:
-        pass
-
     def applies_to(self, connection: Any) -> bool:
         """Whether ``connection``'s database is of the file's dialect."""
         raise NotImplementedError
@@ -121,16 +119,10 @@ class InstallRoutines(Operation):
         """The statement installing ``name`` on ``schema_editor``'s database: the file's."""
         return self.file.definitions()[name]
 
-    def _allowed(self, app_label: str, schema_editor: Any) -> bool:
-        connection = schema_editor.connection
-        return self.applies_to(connection) and bool(
-            router.allow_migrate(connection.alias, app_label, **self.hints)
-        )
-
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        if self._allowed(app_label, schema_editor):
+        if self.allowed(app_label, schema_editor, to_state):
             for name in self.names:
                 if self.replace:
                     self._drop(name, schema_editor)
@@ -140,7 +132,7 @@ class InstallRoutines(Operation):
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        if self._allowed(app_label, schema_editor) and not self.replace:
+        if self.allowed(app_label, schema_editor, from_state) and not self.replace:
             for name in reversed(self.names):
                 self._drop(name, schema_editor)
 

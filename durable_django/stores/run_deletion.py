@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import router
-from django.db.migrations.operations.base import Operation, OperationCategory
+from django.db.migrations.operations.base import OperationCategory
 
+from .database_operations import DatabaseOperation
 from .postgres import function_definitions
 
 #: The trigger's name, on ``durable_run``.
@@ -42,29 +42,24 @@ RULE = "DELETE FROM {tags} WHERE {run_id} = OLD.{id}"
 VENDORS = ("postgresql", "mysql", "sqlite")
 
 
-class DeleteTagRowsWithRun(Operation):
-    """Install, on every database where the routers let the app migrate, the trigger
+class DeleteTagRowsWithRun(DatabaseOperation):
+    """Install, on every database where the routers let ``Run`` migrate, the trigger
     ``durable_run_deleted`` deleting a run's tag rows with the run (:data:`RULE`, after
     each deleted row of ``durable_run``); on PostgreSQL it calls ``function``, which the
     same migration installs first. Backwards, drop it."""
 
-    reversible = True
     category = OperationCategory.ADDITION
+    model_name = "Run"
 
-    def __init__(self, function: str, hints: dict[str, Any] | None = None) -> None:
+    def __init__(self, function: str) -> None:
         if function not in function_definitions():
             raise ValueError(f"DeleteTagRowsWithRun: functions.sql does not define {function!r}")
         self.function = function
-        self.hints = hints or {}
-
-    def state_forwards(self, app_label: str, state: Any) -> None:
-        pass
 
     def _names(self, app_label: str, schema_editor: Any, state: Any) -> dict[str, str] | None:
         """The quoted names the statements use, or ``None`` where the operation is not
         made."""
-        connection = schema_editor.connection
-        if not router.allow_migrate(connection.alias, app_label, **self.hints):
+        if not self.allowed(app_label, schema_editor, state):
             return None
         runs = state.apps.get_model(app_label, "Run")
         tags = state.apps.get_model(app_label, "RunTag")

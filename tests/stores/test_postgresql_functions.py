@@ -81,27 +81,46 @@ def migrate(target: tuple[str, str]) -> None:
     MigrationExecutor(connection).migrate([target])
 
 
+def triggers() -> set[str]:
+    """The triggers of the run and tag tables (the release and the deletion triggers)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal "
+            "AND tgrelid IN ('durable_run'::regclass, 'durable_run_tag'::regclass)"
+        )
+        return {name for (name,) in cursor.fetchall()}
+
+
+#: The triggers the migrations make after 0001.
+TRIGGERS = {"durable_quota_release", "durable_quota_release_delete", "durable_run_deleted"}
+
+
 @postgresql_only
 @pytest.mark.django_db
-def test_the_functions_migration_reverses_and_honours_the_routers():
+def test_the_functions_and_triggers_migrations_reverse_and_honour_the_routers():
     names = sorted(function_definitions())
     schema = current_schema()
     assert sorted(installed(schema)) == names
+    assert triggers() == TRIGGERS
     # Everything below is rolled back with the test's transaction. A migration refused
     # by the routers changes nothing: a refused migration back is followed by a refused
     # one forward, which brings the recorded state and the schema back in step.
     with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
         migrate((APP, "0001_initial"))
         assert sorted(installed(schema)) == names  # refused: not dropped
+        assert triggers() == TRIGGERS
         migrate(LATEST)
     migrate((APP, "0001_initial"))
     assert installed(schema) == {}
+    assert triggers() == set()
     with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
         migrate(LATEST)
         assert installed(schema) == {}  # refused: not installed
+        assert triggers() == set()
         migrate((APP, "0001_initial"))
     migrate(LATEST)
     assert sorted(installed(schema)) == names
+    assert triggers() == TRIGGERS
 
 
 @postgresql_only

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
+from django.test import override_settings
 
 from durable_django.errors import ConcurrencyLimitError
 from durable_django.models import Run, RunTag
@@ -81,13 +82,28 @@ def test_a_run_deleted_through_django_leaves_nothing_behind():
     assert start(store, new_run("next"), quota("k", 1)).created
 
 
+APP = "durable_django"
+BEFORE = (APP, "0005_batch_start_in_columns")
+
+
+class RefuseDurable:
+    """A database router keeping durable_django off every database."""
+
+    def allow_migrate(self, db: str, app_label: str, **hints: object) -> bool | None:
+        return False if app_label == APP else None
+
+
+def _migrate(target: list[tuple[str, str]]) -> None:
+    MigrationExecutor(connection).migrate(target)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_reverses_to_the_foreign_key_and_back():
-    app = "durable_django"
+    app = APP
     executor = MigrationExecutor(connection)
     latest = executor.loader.graph.leaf_nodes(app)
     try:
-        executor.migrate([(app, "0005_batch_start_in_columns")])
+        executor.migrate([BEFORE])
         assert TRIGGER not in _rows(TRIGGERS[connection.vendor])
         assert len(_rows(FOREIGN_KEYS[connection.vendor])) == 1
     finally:
@@ -95,6 +111,26 @@ def test_the_migration_reverses_to_the_foreign_key_and_back():
         executor.migrate(latest)
     assert TRIGGER in _rows(TRIGGERS[connection.vendor])
     assert _rows(FOREIGN_KEYS[connection.vendor]) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_trigger_is_made_and_dropped_only_where_the_routers_allow():
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes(APP)
+    triggers = TRIGGERS[connection.vendor]
+    try:
+        with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
+            _migrate([BEFORE])
+            assert TRIGGER in _rows(triggers)  # refused: not dropped
+            _migrate(latest)
+        _migrate([BEFORE])
+        assert TRIGGER not in _rows(triggers)
+        with override_settings(DATABASE_ROUTERS=[RefuseDurable()]):
+            _migrate(latest)
+            assert TRIGGER not in _rows(triggers)  # refused: not made
+            _migrate([BEFORE])
+    finally:
+        _migrate(latest)
+    assert TRIGGER in _rows(triggers)
 
 
 def test_postgresql_s_trigger_function_runs_the_rule_the_other_triggers_are_made_of():

@@ -1,5 +1,6 @@
-"""Migration operations made on PostgreSQL only, where the database routers allow them,
-as Django's ``django.contrib.postgres.operations.CreateExtension`` is.
+"""Migration operations made on PostgreSQL only, where the database routers allow them
+(:class:`~durable_django.stores.database_operations.DatabaseOperation`), as Django's
+``django.contrib.postgres.operations.CreateExtension`` is.
 
 - :class:`InstallFunctions` installs functions of ``functions.sql`` (and drops them
   backwards);
@@ -14,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.db.migrations.operations.base import Operation, OperationCategory
+from django.db.migrations.operations.base import OperationCategory
 
 from ..._core.lifecycle import ACTIVE_STATUSES
 from ..._core.limits import TAG_PREFIX
+from ..database_operations import DatabaseOperation
 from ..routines import InstallRoutines
 from . import FUNCTIONS, function_definitions
 
@@ -44,8 +46,8 @@ class InstallFunctions(InstallRoutines):
         return "postgresql_functions"
 
 
-class InstallReleaseTriggers(Operation):
-    """Install, on a PostgreSQL database where the routers let the app migrate, the
+class InstallReleaseTriggers(DatabaseOperation):
+    """Install, on a PostgreSQL database where the routers let ``RunTag`` migrate, the
     triggers of ``durable_run_tag`` calling ``function`` (which the same migration
     installs first) for each quota tag (``concurrency:...``) leaving an active status:
 
@@ -56,28 +58,24 @@ class InstallReleaseTriggers(Operation):
     Backwards, drop them. Other databases get nothing.
     """
 
-    reversible = True
     category = OperationCategory.ADDITION
+    model_name = "RunTag"
 
     TRIGGERS = ("durable_quota_release", "durable_quota_release_delete")
 
-    def __init__(self, function: str, hints: dict[str, Any] | None = None) -> None:
+    def __init__(self, function: str) -> None:
         if function not in function_definitions():
             raise ValueError(f"InstallReleaseTriggers: functions.sql does not define {function!r}")
         self.function = function
-        self.hints = hints or {}
 
-    def state_forwards(self, app_label: str, state: Any) -> None:
-        pass
+    def applies_to(self, connection: Any) -> bool:
+        return bool(connection.vendor == "postgresql")
 
     def _table(self, app_label: str, schema_editor: Any, state: Any) -> str | None:
         """The quoted table of the run tags, or ``None`` where the operation is not made."""
-        connection = schema_editor.connection
-        model = state.apps.get_model(app_label, "RunTag")
-        if connection.vendor != "postgresql" or not self.allow_migrate_model(
-            connection.alias, model
-        ):
+        if not self.allowed(app_label, schema_editor, state):
             return None
+        model = state.apps.get_model(app_label, self.model_name)
         return str(schema_editor.quote_name(model._meta.db_table))
 
     def database_forwards(
@@ -123,7 +121,7 @@ class InstallReleaseTriggers(Operation):
         return "quota_release_notify"
 
 
-class RemoveLikeIndexes(Operation):
+class RemoveLikeIndexes(DatabaseOperation):
     """Keep out, on PostgreSQL, the ``varchar_pattern_ops`` index (``..._like``) Django
     makes beside the index of each of ``fields`` of ``model_name``; backwards, make them.
 
@@ -133,24 +131,21 @@ class RemoveLikeIndexes(Operation):
     are made; later, it drops them.
     """
 
-    reversible = True
     category = OperationCategory.REMOVAL
+    model_name: str
 
     def __init__(self, model_name: str, fields: Sequence[str]) -> None:
         self.model_name = model_name
         self.fields = list(fields)
 
-    def state_forwards(self, app_label: str, state: Any) -> None:
-        pass
+    def applies_to(self, connection: Any) -> bool:
+        return bool(connection.vendor == "postgresql")
 
     def _fields(self, app_label: str, schema_editor: Any, state: Any) -> list[tuple[Any, Any]]:
         """``(model, field)`` of each field, or nothing where the operation is not made."""
-        model = state.apps.get_model(app_label, self.model_name)
-        connection = schema_editor.connection
-        if connection.vendor != "postgresql" or not self.allow_migrate_model(
-            connection.alias, model
-        ):
+        if not self.allowed(app_label, schema_editor, state):
             return []
+        model = state.apps.get_model(app_label, self.model_name)
         return [(model, model._meta.get_field(name)) for name in self.fields]
 
     def database_forwards(
