@@ -58,8 +58,8 @@ the per-round ratios with their interquartile range, and the same by CPU (this p
 and this process's with its server process's), with their goals: transactional / step
 >= 1.0, step / floor >= 0.8. ``--in-process-only`` measures just these (and the round
 trips): no worker, no broker, no Procrastinate; ``--turns 0`` leaves them out. These
-rows use the script's own connection: ``--prepared``, ``--synchronous-commit`` and
-``--connections`` are the workers'.
+rows use the script's own connection: ``--synchronous-commit`` and ``--connections`` are
+the workers'; ``--prepared`` is the script's connection's too.
 
 With ``--base PATH`` (a checkout of the code before a change, e.g. ``git worktree add
 --detach /tmp/base main``), a sixth variant runs the durable workflow on a worker
@@ -188,8 +188,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--prepared",
         action="store_true",
-        help="the workers' connections bind parameters on the server and prepare "
-        "repeated statements (OPTIONS server_side_binding and prepare_threshold)",
+        help="the connections (the workers' and the in-process rows') bind parameters on "
+        "the server and prepare repeated statements (OPTIONS server_side_binding and "
+        "prepare_threshold)",
     )
     parser.add_argument(
         "--synchronous-commit",
@@ -730,6 +731,8 @@ def main() -> None:
     args = parse_args()
     os.environ["DURABLE_BENCH_DB"] = args.database
     os.environ["DURABLE_BENCH_CONNECTIONS"] = args.connections
+    # The in-process rows' connection too: a turn and the floor, both prepared.
+    os.environ["DURABLE_BENCH_PREPARED"] = "1" if args.prepared else "0"
     procrastinate_database = f"{args.database}_procrastinate"
     os.environ["DURABLE_BENCH_PROCRASTINATE_DB"] = procrastinate_database
     from benchmarks.common.database import recreate_database

@@ -364,9 +364,12 @@ def test_a_record_the_database_refuses_rolls_back_the_writes_and_ends_the_run(
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's binding options")
-def test_with_server_side_binding_atomic_commits_the_step_itself(orm_engine: Engine, token: str):
-    """Django's server-side binding sends one statement per query: the record goes alone
-    and ``atomic()`` commits, one round trip more, with the same outcome."""
+def test_with_server_side_binding_the_record_still_carries_the_commit(
+    orm_engine: Engine, token: str
+):
+    """Django's server-side binding sends one statement per query on Django's cursors:
+    ``fn``'s first statement goes without the ``BEGIN``. The record's kept cursor binds
+    client-side all the same, so the ``COMMIT`` travels with it."""
     handle = start_one_charge(orm_engine, token)
     options = connection.settings_dict["OPTIONS"]
     connection.close()
@@ -380,4 +383,4 @@ def test_with_server_side_binding_atomic_commits_the_step_itself(orm_engine: Eng
     assert orm_engine.get_run(handle.run_id).status == RunStatus.COMPLETED
     assert written(token) == 1
     records = [sql for sql in statements if "durable_record_held_step" in sql]
-    assert len(records) == 1 and "_v1" in records[0] and "COMMIT" not in records[0]
+    assert len(records) == 1 and "_v2" in records[0] and records[0].endswith("; COMMIT")

@@ -93,6 +93,24 @@ def binds_client_side(raw: Any) -> bool:
     )
 
 
+def kept_class(installed: Any, factory: Any) -> Any:
+    """The class of the cursor :func:`execute_kept` keeps for ``factory`` on a connection
+    whose cursor factory is ``installed``: ``factory``, unless ``installed`` watches
+    ``execute`` (an instrumentation's), whose cursors are then made so that it sees the
+    statements."""
+    return installed if installed.execute is not Cursor.execute else factory
+
+
+def kept_binds_client_side(raw: Any) -> bool:
+    """Whether the cursor :func:`execute_kept` keeps for ``ClientCursor`` on the DB-API
+    connection ``raw`` is one (a query string of several statements): unless an
+    instrumentation's factory binding on the server stands in its place, also with
+    ``OPTIONS["server_side_binding"]``, whose factory only Django's cursors are made of."""
+    return ClientCursor is not None and issubclass(
+        kept_class(raw.cursor_factory, ClientCursor), ClientCursor
+    )
+
+
 def _cursor(connection: BaseDatabaseWrapper, raw: Any, factory: Any) -> CursorWrapper:
     """Django's wrapper of the cursor of class ``factory`` on ``raw`` (or of the
     connection's factory, when it watches ``execute``), made once per psycopg connection,
@@ -115,8 +133,7 @@ def _cursor(connection: BaseDatabaseWrapper, raw: Any, factory: Any) -> CursorWr
     ):
         wrapper: CursorWrapper = kept[3]
         return wrapper
-    watched = installed.execute is not Cursor.execute
-    wrapper = connection.make_cursor(_new_cursor(raw, timezone, installed if watched else factory))
+    wrapper = connection.make_cursor(_new_cursor(raw, timezone, kept_class(installed, factory)))
     kept_cursors[factory] = (raw, timezone, installed, wrapper)
     return wrapper
 

@@ -10,8 +10,10 @@ transaction) but runs the ``on_commit`` callbacks as always.
 
 Done only where it is sound: the ``atomic()`` is the connection's outermost (a savepoint
 of a caller's transaction must not commit it), nothing asked for a rollback, and the
-connection's cursors bind client-side (``OPTIONS["server_side_binding"]`` sends one
-statement per query).
+kept cursor binds client-side (``bound.kept_binds_client_side``). It does with Django's
+``OPTIONS["server_side_binding"]`` too, which only Django's own cursors follow; not when
+an instrumentation's cursor factory binding on the server stands in its place, which
+sends one statement per query.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .bound import binds_client_side, execute_kept
+from .bound import execute_kept, kept_binds_client_side
 
 try:
     from psycopg import ClientCursor
@@ -40,7 +42,7 @@ def commits_in_statement(connection: BaseDatabaseWrapper) -> bool:
         return False
     if connection.needs_rollback or not connection.commit_on_exit:
         return False
-    return binds_client_side(connection.connection)
+    return kept_binds_client_side(connection.connection)
 
 
 def execute_and_commit(connection: BaseDatabaseWrapper, statement: str, params: list[Any]) -> None:
