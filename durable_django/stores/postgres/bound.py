@@ -101,11 +101,15 @@ def kept_class(installed: Any, factory: Any) -> Any:
     return installed if installed.execute is not Cursor.execute else factory
 
 
-def kept_binds_client_side(raw: Any) -> bool:
-    """Whether the cursor :func:`execute_kept` keeps for ``ClientCursor`` on the DB-API
-    connection ``raw`` is one (a query string of several statements): unless an
+def kept_binds_client_side(connection: BaseDatabaseWrapper) -> bool:
+    """Whether what :func:`execute_kept` sends a ``ClientCursor``'s statement on binds
+    client-side (a query string of several statements): the kept cursor, unless an
     instrumentation's factory binding on the server stands in its place, also with
-    ``OPTIONS["server_side_binding"]``, whose factory only Django's cursors are made of."""
+    ``OPTIONS["server_side_binding"]``, whose factory only Django's cursors are made of;
+    Django's cursor itself with the query log on."""
+    raw = connection.connection
+    if connection.queries_logged:
+        return binds_client_side(raw)
     return ClientCursor is not None and issubclass(
         kept_class(raw.cursor_factory, ClientCursor), ClientCursor
     )

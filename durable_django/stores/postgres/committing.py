@@ -42,7 +42,7 @@ def commits_in_statement(connection: BaseDatabaseWrapper) -> bool:
         return False
     if connection.needs_rollback or not connection.commit_on_exit:
         return False
-    return kept_binds_client_side(connection.connection)
+    return kept_binds_client_side(connection)
 
 
 def execute_and_commit(connection: BaseDatabaseWrapper, statement: str, params: list[Any]) -> None:
