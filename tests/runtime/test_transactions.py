@@ -384,3 +384,28 @@ def test_with_server_side_binding_the_record_still_carries_the_commit(
     assert written(token) == 1
     records = [sql for sql in statements if "durable_record_held_step" in sql]
     assert len(records) == 1 and "_v2" in records[0] and records[0].endswith("; COMMIT")
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's binding options")
+def test_with_server_side_binding_and_the_query_log_the_commit_goes_apart(
+    orm_engine: Engine, token: str
+):
+    """With the query log on, the record is sent on Django's cursor, which then binds on
+    the server (one statement per query): the ``COMMIT`` goes apart, and the step is
+    recorded once all the same."""
+    handle = start_one_charge(orm_engine, token)
+    options = connection.settings_dict["OPTIONS"]
+    connection.close()
+    options["server_side_binding"] = True
+    connection.force_debug_cursor = True
+    try:
+        assert orm_engine.execute(handle.run_id)
+        logged = [query["sql"] for query in connection.queries]
+    finally:
+        connection.force_debug_cursor = False
+        del options["server_side_binding"]
+        connection.close()
+    assert orm_engine.get_run(handle.run_id).status == RunStatus.COMPLETED
+    assert written(token) == 1
+    records = [sql for sql in logged if "durable_record_held_step" in sql]
+    assert len(records) == 1 and "COMMIT" not in records[0]
